@@ -1,0 +1,27 @@
+# Everything runs from a clean clone: `make demo` and `make test` create the venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/autotailor demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 0; fi; exit $$rc
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/compile_zoo.py
+
+clean:
+	rm -rf $(VENV) autotailor-demo

@@ -1,0 +1,182 @@
+"""The ``autotailor`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotailor.errors import AutoTailorError
+
+log = logging.getLogger("autotailor")
+
+
+def _summary(sn) -> dict[str, Any]:
+    from collections import Counter
+
+    info = sn.compile_info
+    kinds = Counter(v.kind for v in sn.space.variables)
+    mods = Counter()
+    for v in sn.space.variables:
+        mods[v.kind] += len(v.choices) - 1
+    return {
+        "source": info.get("source"),
+        "compile_seconds": round(info.get("seconds", 0.0), 3),
+        "input_shape": list(sn.example_shape),
+        "blocks": info.get("blocks", []),
+        "stages": info.get("stages", []),
+        "channel_groups": info.get("groups", {}),
+        "variables": dict(kinds),
+        "modifications": dict(mods),
+        "num_modifications": sn.space.num_modifications,
+        "space_size": str(sn.space.size),
+        "log10_space_size": round(sn.space.log10_size, 3),
+    }
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    templates: dict[str, list[int]] = {}
+    for b in summary["blocks"]:
+        templates.setdefault(b["template"] or "(none)", []).append(b["index"])
+    table = Table(title=f"SuperNet of {summary['source']}")
+    table.add_column("template")
+    table.add_column("blocks", justify="right")
+    table.add_column("droppable", justify="right")
+    for name, idx in templates.items():
+        drop = sum(1 for b in summary["blocks"] if b["template"] == (name if name != "(none)" else "") and b["droppable"])
+        table.add_row(name, str(len(idx)), str(drop))
+    console.print(table)
+    stages = summary["stages"]
+    console.print(f"stages: {len(stages)} (blocks per stage: {[len(s) for s in stages]})")
+    console.print(
+        "channel groups: {total} ({variable} variable)".format(**summary["channel_groups"])
+        if summary["channel_groups"] else ""
+    )
+    mods = ", ".join(f"{k} {v}" for k, v in summary["modifications"].items())
+    console.print(f"modifications: {summary['num_modifications']} ({mods})")
+    console.print(f"space size: {summary['space_size']} (10^{summary['log10_space_size']:.1f}) SubNets")
+    console.print(f"compile time: {summary['compile_seconds']:.2f} s")
+
+
+def _write_work(sn, out: Path, summary: dict[str, Any]) -> None:
+    """Write the work directory's files so that a failure leaves nothing half-written."""
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".staging-"))
+    try:
+        sn.save(staging / "supernet.pt")
+        (staging / "space.json").write_text(json.dumps(sn.space.describe(), indent=1))
+        (staging / "compile.json").write_text(json.dumps(summary, indent=1))
+        (staging / "config.json").write_text(json.dumps(sn.config.to_dict(), indent=1))
+        for f in staging.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _example(size: int | None, channels: int = 3) -> torch.Tensor | None:
+    return torch.zeros(1, channels, size, size) if size else None
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import autotailor as at
+
+    sn = at.compile(args.model, _example(args.input_size), config=args.config)
+    summary = _summary(sn)
+    _write_work(sn, Path(args.out), summary)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_summary(summary)
+        print(f"wrote {args.out}/supernet.pt")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Compile a model, extract three SubNets, export them to ONNX and check them in ONNX Runtime."""
+    from rich.console import Console
+    from rich.table import Table
+
+    import autotailor as at
+    from autotailor.deploy import export_onnx, run_onnx
+
+    console = Console()
+    out = Path(args.out)
+    started = time.perf_counter()
+    console.print(f"[bold]AutoTailor demo[/]: compiling {args.model} (random weights, offline)")
+    sn = at.compile(args.model, _example(args.input_size))
+    summary = _summary(sn)
+    _write_work(sn, out, summary)
+    _print_summary(summary)
+    sn.eval()
+    table = Table(title="SubNets exported to ONNX and run in ONNX Runtime")
+    for col in ("SubNet", "resolution", "params (M)", "ONNX file", "max |ORT - SuperNet|"):
+        table.add_column(col)
+    archs = {"smallest": sn.space.min(), "random": sn.space.sample(args.seed), "largest": sn.space.max()}
+    gen = torch.Generator().manual_seed(args.seed)
+    for name, arch in archs.items():
+        shape = sn.input_shape(arch)
+        x = torch.randn(shape, generator=gen)
+        sn.set_arch(arch)
+        with torch.no_grad():
+            ref = sn(x)
+        net = sn.extract(arch).eval()
+        path = export_onnx(net, out / f"subnet-{name}.onnx", shape)
+        (out / f"subnet-{name}.arch.json").write_text(json.dumps(arch, indent=1))
+        err = float(abs(run_onnx(path, x) - ref.numpy()).max())
+        params = sum(p.numel() for p in net.parameters()) / 1e6
+        table.add_row(name, str(shape[-1]), f"{params:.2f}", path.name, f"{err:.2e}")
+        if err > 1e-3 * max(1.0, float(ref.abs().max())):
+            raise AutoTailorError(f"the {name} SubNet's ONNX output differs from the SuperNet's by {err}")
+    console.print(table)
+    console.print(f"done in {time.perf_counter() - started:.1f} s; results in {out}/")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autotailor", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile a model into a SuperNet in a work directory")
+    p.add_argument("model", help="torchvision:NAME, timm:NAME, path/to/model.onnx or package.module:factory")
+    p.add_argument("--config", help="TOML file with the modification space (default: built-in defaults)")
+    p.add_argument("--out", required=True, help="work directory to write supernet.pt and the summaries to")
+    p.add_argument("--input-size", type=int, default=None, help="largest input resolution (default 224)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("demo", help="run the pipeline on an embedded default, offline")
+    p.add_argument("--model", default="torchvision:mobilenet_v3_large")
+    p.add_argument("--out", default="autotailor-demo")
+    p.add_argument("--input-size", type=int, default=224)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except AutoTailorError as exc:
+        print(f"autotailor: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Small helpers over torch.fx graphs shared by the compiler passes."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
+
+from autotailor.errors import GraphError
+
+
+def tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    """Every node among ``node``'s arguments, nested lists and dicts included."""
+    found: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n))
+    return found
+
+
+def node_shape(node: object) -> tuple[int, ...] | None:
+    """The tensor shape recorded by ``propagate_shapes``, or None for non-tensors."""
+    if not isinstance(node, fx.Node):
+        return None
+    meta = node.meta.get("tensor_meta")
+    shape = getattr(meta, "shape", None)
+    return tuple(shape) if shape is not None else None
+
+
+class _MetaShapeProp(fx.Interpreter):
+    """ShapeProp on the meta device: every tensor (input, parameters, buffers) is replaced by
+    a meta tensor of the same shape, so no arithmetic runs and no weight is copied."""
+
+    def __init__(self, gm: fx.GraphModule, record: bool):
+        super().__init__(gm)
+        self.record = record
+
+    def run_node(self, n: fx.Node):
+        result = super().run_node(n)
+        if self.record:
+            leaves = torch.utils._pytree.tree_leaves(result)
+            n.meta["has_tensor"] = any(isinstance(v, torch.Tensor) for v in leaves)
+            if isinstance(result, torch.Tensor):
+                n.meta["tensor_meta"] = _extract_tensor_metadata(result)
+            else:
+                n.meta.pop("tensor_meta", None)
+        return result
+
+    def get_attr(self, target, args, kwargs):
+        value = super().get_attr(target, args, kwargs)
+        return _to_meta(value)
+
+    def call_module(self, target, args, kwargs):
+        mod = self.fetch_attr(target)
+        state = {k: _to_meta(v) for k, v in (*mod.named_parameters(), *mod.named_buffers())}
+        return torch.func.functional_call(mod, state, args, kwargs)
+
+
+def _to_meta(value):
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        return torch.empty_like(value, device="meta")
+    return value
+
+
+def _meta_run(gm: fx.GraphModule, example: torch.Tensor, record: bool) -> None:
+    with torch.no_grad():
+        _MetaShapeProp(gm, record).run(_to_meta(example))
+
+
+def carries_tensors(node: fx.Node) -> bool:
+    """Whether the node's value holds a tensor (not only sizes or other Python values)."""
+    return node.meta.get("has_tensor", True)
+
+
+def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
+    """Record every node's output shape in ``node.meta['tensor_meta']`` without computing anything.
+
+    Runs the graph on meta tensors (shapes only); models whose code needs tensor values
+    fall back to fake tensors, which are slower but follow more of PyTorch.
+    """
+    try:
+        _meta_run(gm, example, record=True)
+        return
+    except Exception:
+        pass
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = mode.from_tensor(example)
+    try:
+        with mode:
+            ShapeProp(gm, fake_mode=mode).propagate(fake)
+    except Exception as exc:
+        raise GraphError(
+            f"the traced graph does not run on an input of shape {tuple(example.shape)}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. "
+            "Pass an example input of the shape the model expects (N, C, H, W)."
+        ) from exc
+
+
+def runs_at(gm: fx.GraphModule, example: torch.Tensor) -> bool:
+    """Whether ``gm`` accepts ``example`` (checked on meta tensors, no arithmetic)."""
+    try:
+        _meta_run(gm, example, record=False)
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,98 @@
+"""Reorder the channels of a channel group by importance, so that "keep the first k" keeps the best.
+
+The permutation is applied to every member of the group (producers' output rows, consumers'
+input columns, norms, depthwise kernels, elementwise parameters), so the largest network
+computes exactly what it computed before; only the order of its channels changes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from autotailor.compiler.channels import ChannelGroup, Member
+
+
+def _member_tensors(gm: fx.GraphModule, nodes: dict[str, fx.Node], m: Member) -> list[tuple[torch.Tensor, int]]:
+    """(tensor, axis) pairs that index the group's channels for member ``m``."""
+    node = nodes[m.node]
+    if m.role == "param":
+        return [(_attr(gm, node.target), m.axis)]
+    mod = gm.get_submodule(node.target)
+    out: list[tuple[torch.Tensor, int]] = []
+    if isinstance(mod, (nn.Conv2d, nn.Linear)):
+        if m.role in ("out", "inout"):
+            out.append((mod.weight, 0))
+            if mod.bias is not None:
+                out.append((mod.bias, 0))
+        else:
+            out.append((mod.weight, 1))
+    else:  # norms: every per-channel tensor
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            t = getattr(mod, name, None)
+            if isinstance(t, torch.Tensor) and t.dim() >= 1:
+                out.append((t, 0))
+    return out
+
+
+def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name)
+
+
+def importance_order(gm: fx.GraphModule, group: ChannelGroup) -> torch.Tensor:
+    """Channel order, most important first.
+
+    A channel's importance is the L1 norm of the weights that produce it, scaled by the
+    BatchNorm that directly follows the producer (|gamma| / sqrt(var + eps)), summed over the
+    group's producers after normalising each. Including the BatchNorm scale makes the order
+    the same whether BatchNorm is a separate layer or folded into the convolution, as in an
+    ONNX export, so a model and its export get the same SubNets. Groups without producers
+    (rare) fall back to their consumers' weights.
+    """
+    nodes = {n.name: n for n in gm.graph.nodes}
+    role = "out" if any(m.role == "out" for m in group.members) else "in"
+    score = torch.zeros(group.size, dtype=torch.float64)
+    for m in group.members:
+        if m.role != role:
+            continue
+        w, axis = _member_tensors(gm, nodes, m)[0]
+        s = torch.linalg.vector_norm(w.detach(), 1, dim=[d for d in range(w.dim()) if d != axis]).double()
+        if role == "out":
+            s = s * _bn_scale(gm, nodes[m.node])
+        score += s / s.sum().clamp_min(1e-12)
+    g = group.granularity
+    chunks = score.reshape(-1, g).sum(1)
+    order = torch.sort(chunks, descending=True, stable=True).indices
+    return (order[:, None] * g + torch.arange(g)[None, :]).reshape(-1)
+
+
+def _bn_scale(gm: fx.GraphModule, producer: fx.Node) -> torch.Tensor | float:
+    users = list(producer.users)
+    if len(users) == 1 and users[0].op == "call_module":
+        bn = gm.get_submodule(users[0].target)
+        if isinstance(bn, nn.BatchNorm2d) and bn.running_var is not None:
+            scale = (bn.running_var.detach().double() + bn.eps).rsqrt()
+            if bn.weight is not None:
+                scale = scale * bn.weight.detach().double().abs()
+            return scale
+    return 1.0
+
+
+def reorder_channels(gm: fx.GraphModule, group: ChannelGroup) -> None:
+    """Permute every member of ``group`` in place by ``importance_order``."""
+    perm = importance_order(gm, group)
+    if torch.equal(perm, torch.arange(group.size)):
+        return
+    nodes = {n.name: n for n in gm.graph.nodes}
+    seen: set[tuple[int, int]] = set()
+    with torch.no_grad():
+        for m in group.members:
+            for t, axis in _member_tensors(gm, nodes, m):
+                # A tensor shared by two members is permuted once per axis; a conv that both
+                # reads and writes the group (32 -> 32 channels) is permuted on both axes.
+                if (id(t), axis) in seen:
+                    continue
+                seen.add((id(t), axis))
+                t.data = t.data.index_select(axis, perm)  # rebinding avoids a second copy

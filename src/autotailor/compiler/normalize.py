@@ -1,0 +1,136 @@
+"""Operator parsing: turn functional layers with their own parameters into modules.
+
+Models often call ``F.conv2d(x, self.weight, ...)`` or ``F.layer_norm(x, shape, self.weight,
+self.bias)`` from a custom module's ``forward`` (EfficientNet's static-same-padding conv,
+ConvNeXt's channels-first LayerNorm). torch.fx traces through those, leaving a function call
+fed by parameter reads. This pass rewrites each such call into a call of the equivalent torch
+layer that holds the *same* parameter objects, so every later pass sees one kind of operator.
+Adding a function is one ``@functional_layer`` builder.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+Builder = Callable[[dict[str, object], dict[str, torch.Tensor]], nn.Module | None]
+_BUILDERS: dict[object, tuple[tuple[str, ...], tuple[str, ...], Builder]] = {}
+
+
+def functional_layer(fn: object, signature: tuple[str, ...], params: tuple[str, ...]):
+    """Register a builder for ``fn``: ``signature`` names its arguments in order and
+    ``params`` those that must be parameters of the model."""
+
+    def deco(builder: Builder) -> Builder:
+        _BUILDERS[fn] = (signature, params, builder)
+        return builder
+
+    return deco
+
+
+def _pair(v: object) -> tuple[int, int]:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)  # type: ignore[return-value]
+
+
+@functional_layer(F.conv2d, ("input", "weight", "bias", "stride", "padding", "dilation", "groups"), ("weight", "bias"))
+def _conv2d(args: dict[str, object], p: dict[str, torch.Tensor]) -> nn.Module | None:
+    w, b = p["weight"], p.get("bias")
+    groups = args.get("groups", 1)
+    padding = args.get("padding", 0)
+    conv = nn.Conv2d(
+        w.shape[1] * groups, w.shape[0], tuple(w.shape[2:]), _pair(args.get("stride", 1)),
+        padding if isinstance(padding, str) else _pair(padding), _pair(args.get("dilation", 1)), groups,
+        bias=b is not None, device="meta",
+    )
+    conv.weight, conv.bias = w, b
+    return conv
+
+
+@functional_layer(F.layer_norm, ("input", "normalized_shape", "weight", "bias", "eps"), ("weight", "bias"))
+def _layer_norm(args: dict[str, object], p: dict[str, torch.Tensor]) -> nn.Module | None:
+    w, b = p.get("weight"), p.get("bias")
+    shape = tuple(args["normalized_shape"])
+    ln = nn.LayerNorm(shape, args.get("eps", 1e-5), elementwise_affine=w is not None, bias=b is not None, device="meta")
+    ln.weight, ln.bias = w, b
+    return ln
+
+
+@functional_layer(F.linear, ("input", "weight", "bias"), ("weight", "bias"))
+def _linear(args: dict[str, object], p: dict[str, torch.Tensor]) -> nn.Module | None:
+    w, b = p["weight"], p.get("bias")
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+    lin.weight, lin.bias = w, b
+    return lin
+
+
+def _attr(gm: nn.Module, target: str) -> object:
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name)
+
+
+def lift_functional_layers(gm: fx.GraphModule) -> int:
+    """Rewrite registered functional calls into module calls, in place. Returns how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _BUILDERS:
+            continue
+        signature, param_names, builder = _BUILDERS[node.target]
+        args = dict(zip(signature, node.args))
+        args.update(node.kwargs)
+        params: dict[str, torch.Tensor] = {}
+        ok = True
+        for name in param_names:
+            ref = args.get(name)
+            if ref is None:
+                continue
+            # Only parameters read by this call alone: sharing them would need more care.
+            if not (isinstance(ref, fx.Node) and ref.op == "get_attr" and len(ref.users) == 1):
+                ok = False
+                break
+            value = _attr(gm, ref.target)
+            if not isinstance(value, nn.Parameter):
+                ok = False
+                break
+            params[name] = value
+        if not ok or "input" not in args or any(isinstance(v, fx.Node) for k, v in args.items()
+                                               if k not in param_names and k != "input"):
+            continue
+        module = builder(args, params)
+        if module is None:
+            continue
+        target = _module_name(gm, node, [args[n] for n in param_names if args.get(n) is not None])
+        gm.add_module(target, module) if "." not in target else _replace(gm, target, module)
+        refs = [args[n] for n in param_names if isinstance(args.get(n), fx.Node)]
+        node.op, node.target, node.args, node.kwargs = "call_module", target, (args["input"],), {}
+        for ref in refs:
+            if not ref.users:
+                gm.graph.erase_node(ref)
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def _module_name(gm: fx.GraphModule, node: fx.Node, refs: list[fx.Node]) -> str:
+    """Reuse the parameters' owner path (``blocks.0._depthwise_conv``) when that owner holds
+    nothing else, so the state-dict names stay those of the original model."""
+    owners = {r.target.rpartition(".")[0] for r in refs}
+    if len(owners) == 1:
+        (owner,) = owners
+        if owner:
+            stub = gm.get_submodule(owner)
+            names = {r.target.rpartition(".")[2] for r in refs}
+            if not list(stub.children()) and set(stub._parameters) | set(stub._buffers) <= names:
+                return owner
+    name = f"lifted_{node.name}"
+    return name
+
+
+def _replace(gm: nn.Module, target: str, module: nn.Module) -> None:
+    owner, _, name = target.rpartition(".")
+    setattr(gm.get_submodule(owner), name, module)

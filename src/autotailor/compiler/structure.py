@@ -1,0 +1,217 @@
+"""Block parsing and stage division, by graph topology alone.
+
+*Cut* nodes are tensors every input-to-output path goes through. Between two consecutive
+cuts lies either a single operator (a chain step) or a fork that joins again (a *unit*).
+A unit whose join adds its own input back is a residual unit; one that multiplies (a
+squeeze-excite gate) belongs to the chain around it; any other join (concat, ...) makes a
+branch unit. Residual and branch units become blocks, absorbing the activations that follow
+their join; chain steps are cut into blocks after a linear bottleneck (a dense layer not
+followed by an activation). A stage starts at every block that is not a droppable residual
+block (identity shortcut, same shape in and out), so depth changes drop a stage's last blocks.
+Nothing here depends on module names, so a model and its ONNX export get the same structure.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from autotailor.compiler.graph_utils import carries_tensors, node_shape
+
+_ADD = (operator.add, operator.iadd, torch.add, "add", "add_")
+_MUL = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
+_NORMS = (nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d)
+
+
+@dataclass
+class BlockInfo:
+    """A block: consecutive nodes with one input tensor (``entry``) and one output (``nodes[-1]``)."""
+
+    index: int
+    kind: str  # "residual", "branch" or "chain"
+    entry: fx.Node
+    nodes: list[fx.Node]
+    identity: bool = False  # the residual join adds the block input itself
+    droppable: bool = False
+    template: str = ""
+    stage: int = -1
+
+    @property
+    def names(self) -> set[str]:
+        return {n.name for n in self.nodes}
+
+
+@dataclass
+class Structure:
+    blocks: list[BlockInfo]
+    stages: list[list[int]] = field(default_factory=list)  # block indices per stage, first is the anchor
+
+
+def _op_kind(gm: fx.GraphModule, node: fx.Node) -> str:
+    """Coarse kind of an operator: dense, dwconv, norm, act, or other."""
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if isinstance(mod, nn.Conv2d):
+            return "dense" if mod.groups == 1 else "dwconv"
+        if isinstance(mod, nn.Linear):
+            return "dense"
+        if isinstance(mod, _NORMS):
+            return "norm"
+        if _is_pointwise_module(mod):
+            return "act"
+    elif node.op in ("call_function", "call_method"):
+        if _is_pointwise_function(node.target):
+            return "act"
+    return "other"
+
+
+def _is_pointwise_module(mod: nn.Module) -> bool:
+    from autotailor.compiler.channels import _POINTWISE_MODULES
+
+    return isinstance(mod, _POINTWISE_MODULES)
+
+
+def _is_pointwise_function(target: object) -> bool:
+    from autotailor.compiler.channels import _POINTWISE_FUNCTIONS, _POINTWISE_METHODS
+
+    return target in _POINTWISE_FUNCTIONS or target in _POINTWISE_METHODS
+
+
+def _flow_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """Nodes whose tensors derive from the input, in graph (topological) order.
+
+    Reading the input's shape (``x.size(0)`` for a final ``view``) is not data flow: such
+    nodes would otherwise look like a skip connection around the whole network.
+    """
+    reach: set[fx.Node] = set()
+    order = []
+    for node in gm.graph.nodes:
+        if node.op == "output" or (
+            carries_tensors(node) and (node.op == "placeholder" or any(a in reach for a in node.all_input_nodes))
+        ):
+            reach.add(node)
+            order.append(node)
+    return order
+
+
+def _cuts(order: list[fx.Node]) -> list[int]:
+    index = {n: i for i, n in enumerate(order)}
+    cuts, reach = [], 0
+    for i, node in enumerate(order):
+        if reach <= i:
+            cuts.append(i)
+        far = max((index[u] for u in node.users if u in index), default=i)
+        reach = max(reach, far)
+    return cuts
+
+
+def parse_structure(gm: fx.GraphModule) -> Structure:
+    """Split the graph into blocks and stages (see the module docstring)."""
+    order = _flow_nodes(gm)
+    if not order or order[0].op != "placeholder":
+        from autotailor.errors import GraphError
+
+        raise GraphError("the graph has no input placeholder")
+    cuts = _cuts(order)
+    # Elements of the main path: (kind, entry, nodes) with kind step | residual | gate | branch.
+    elements: list[tuple[str, fx.Node, list[fx.Node], bool]] = []
+    for a, b in zip(cuts, cuts[1:]):
+        entry, join = order[a], order[b]
+        inner = order[a + 1 : b]
+        if join.op == "output":
+            break
+        if not inner:
+            elements.append(("step", entry, [join], False))
+            continue
+        nodes = inner + [join]
+        target = join.target if join.op != "call_module" else _module_math(gm, join)
+        if target in _ADD:
+            identity = entry in join.args
+            elements.append(("residual", entry, nodes, identity))
+        elif target in _MUL:
+            elements.append(("gate", entry, nodes, False))
+        else:
+            elements.append(("branch", entry, nodes, False))
+
+    blocks: list[BlockInfo] = []
+    chain: list[tuple[fx.Node, list[fx.Node], str]] = []  # (entry, nodes, kind of last op)
+
+    def flush() -> None:
+        if chain:
+            nodes = [n for _, ns, _ in chain for n in ns]
+            blocks.append(BlockInfo(len(blocks), "chain", chain[0][0], nodes))
+            chain.clear()
+
+    i = 0
+    while i < len(elements):
+        kind, entry, nodes, identity = elements[i]
+        if kind in ("residual", "branch"):
+            flush()
+            nodes = list(nodes)
+            # Activations right after the join belong to the block (ResNet's ReLU after the add).
+            while i + 1 < len(elements) and elements[i + 1][0] == "step" and _op_kind(gm, elements[i + 1][2][0]) == "act":
+                i += 1
+                nodes += elements[i][2]
+            blocks.append(BlockInfo(len(blocks), kind, entry, nodes, identity=identity))
+        else:
+            last = "gate" if kind == "gate" else _op_kind(gm, nodes[0])
+            chain.append((entry, nodes, last))
+            nxt = elements[i + 1] if i + 1 < len(elements) else None
+            if nxt is not None and _bottleneck_end(gm, chain) and (
+                nxt[0] in ("residual", "branch") or (nxt[0] == "step" and _op_kind(gm, nxt[2][0]) == "dense")
+            ):
+                flush()
+        i += 1
+    flush()
+
+    flow = set(order)
+    for blk in blocks:
+        shape_in, shape_out = node_shape(blk.entry), node_shape(blk.nodes[-1])
+        inside = set(blk.nodes) | {blk.entry}
+        # The block must read nothing computed from the input outside it (a size, say),
+        # so that it can be outlined and switched off.
+        closed = all(a in inside or not _from_input(a, flow) for n in blk.nodes for a in n.all_input_nodes) and all(
+            u in inside for n in blk.nodes[:-1] for u in n.users
+        )
+        blk.droppable = (
+            blk.kind == "residual" and blk.identity and shape_in == shape_out and shape_in is not None and closed
+        )
+    stages: list[list[int]] = []
+    for blk in blocks:
+        if not blk.droppable or not stages:
+            stages.append([])
+        blk.stage = len(stages) - 1
+        stages[-1].append(blk.index)
+    return Structure(blocks, stages)
+
+
+def _from_input(node: fx.Node, flow: set[fx.Node]) -> bool:
+    """Whether ``node`` depends on the input at all (tensors or shapes)."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in flow or n.op == "placeholder":
+            return True
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return False
+
+
+def _bottleneck_end(gm: fx.GraphModule, chain: list[tuple[fx.Node, list[fx.Node], str]]) -> bool:
+    """The chain so far ends with a dense layer (optionally normalised) and no activation."""
+    kinds = [k for _, _, k in chain]
+    if kinds[-1] == "dense":
+        return True
+    return len(kinds) >= 2 and kinds[-1] == "norm" and kinds[-2] == "dense"
+
+
+def _module_math(gm: fx.GraphModule, node: fx.Node) -> object:
+    """onnx2torch expresses Add/Mul as a module; map it to the torch function it applies."""
+    fn = getattr(gm.get_submodule(node.target), "math_op_function", None)
+    return {torch.add: operator.add, torch.mul: operator.mul}.get(fn, fn)

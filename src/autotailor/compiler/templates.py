@@ -1,0 +1,192 @@
+"""Block templates: topological patterns with default modification choices.
+
+A template is generic over the operators it contains (the paper's *Path* abstraction): it
+names a family of blocks by what their paths hold (dense / depthwise convolutions, norms,
+gates, attention), not by the classes of one model zoo. Adding a template is one
+``@template`` function; the first template (in registration order) that matches wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from autotailor.compiler.structure import BlockInfo
+
+# Defaults every template starts from; a template overrides what suits it.
+DEFAULT_EXPAND = (0.5, 0.75, 1.0)
+DEFAULT_KERNEL = (3, 5, 7)
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    match: Callable[["BlockView"], bool]
+    defaults: dict[str, tuple]  # block variable -> default choices
+
+
+@dataclass
+class BlockView:
+    """What a template matcher sees of a block."""
+
+    kind: str
+    identity: bool
+    convs: list[nn.Conv2d]
+    linears: int
+    layer_norms: int
+    batch_norms: int
+    gates: int
+    attention: int
+
+    @property
+    def dense_convs(self) -> list[nn.Conv2d]:
+        return [c for c in self.convs if c.groups == 1]
+
+    @property
+    def depthwise(self) -> list[nn.Conv2d]:
+        return [c for c in self.convs if c.groups > 1 and c.groups == c.in_channels == c.out_channels]
+
+    @property
+    def residual(self) -> bool:
+        return self.kind == "residual"
+
+
+_TEMPLATES: list[Template] = []
+BLOCK_VARIABLES = ("expand_ratio", "kernel_size")
+
+
+def template(name: str, **defaults: tuple) -> Callable[[Callable[[BlockView], bool]], Callable[[BlockView], bool]]:
+    """Register a template ``name`` whose matcher is the decorated function."""
+
+    def deco(match: Callable[[BlockView], bool]) -> Callable[[BlockView], bool]:
+        merged = {"expand_ratio": DEFAULT_EXPAND, "kernel_size": DEFAULT_KERNEL}
+        merged.update(defaults)
+        _TEMPLATES.append(Template(name, match, merged))
+        return match
+
+    return deco
+
+
+def templates() -> list[Template]:
+    return list(_TEMPLATES)
+
+
+def template_names() -> list[str]:
+    return [t.name for t in _TEMPLATES]
+
+
+def view(gm: fx.GraphModule, block: BlockInfo) -> BlockView:
+    convs, linears, lns, bns, gates, attention = [], 0, 0, 0, 0, 0
+    for node in block.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            if isinstance(mod, nn.Conv2d):
+                convs.append(mod)
+            elif isinstance(mod, nn.Linear):
+                linears += 1
+            elif isinstance(mod, nn.LayerNorm):
+                lns += 1
+            elif isinstance(mod, nn.BatchNorm2d):
+                bns += 1
+            elif isinstance(mod, nn.MultiheadAttention):
+                attention += 1
+        elif node.target in (F.softmax, torch.softmax, "softmax", F.scaled_dot_product_attention):
+            attention += 1
+        if node.op != "placeholder" and _is_gate(gm, node):
+            gates += 1
+    return BlockView(block.kind, block.identity, convs, linears, lns, bns, gates, attention)
+
+
+def _is_gate(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A multiplication of a tensor by something computed from that same tensor (squeeze-excite)."""
+    from autotailor.compiler.structure import _MUL, _module_math
+
+    target = _module_math(gm, node) if node.op == "call_module" else node.target
+    if target not in _MUL or len(node.all_input_nodes) != 2:
+        return False
+    a, b = node.all_input_nodes
+    return _depends_on(b, a) or _depends_on(a, b)
+
+
+def _depends_on(node: fx.Node, ancestor: fx.Node, limit: int = 12) -> bool:
+    frontier, seen = [node], set()
+    while frontier and limit:
+        limit -= 1
+        nxt = []
+        for n in frontier:
+            for p in n.all_input_nodes:
+                if p is ancestor:
+                    return True
+                if p not in seen:
+                    seen.add(p)
+                    nxt.append(p)
+        frontier = nxt
+    return False
+
+
+def match(gm: fx.GraphModule, block: BlockInfo, allowed: set[str] | None) -> Template | None:
+    """The first registered template that matches ``block`` (among ``allowed``, if given)."""
+    v = view(gm, block)
+    for t in _TEMPLATES:
+        if (allowed is None or t.name in allowed) and t.match(v):
+            return t
+    return None
+
+
+@template("ConvNeXtBlock")
+def _convnext(v: BlockView) -> bool:
+    return v.residual and len(v.depthwise) == 1 and v.layer_norms >= 1 and v.batch_norms == 0 and not v.attention
+
+
+@template("InvertedResidualSEBlock")
+def _inverted_residual_se(v: BlockView) -> bool:
+    return len(v.depthwise) == 1 and v.gates >= 1 and v.batch_norms >= 1 and v.kind != "branch"
+
+
+@template("InvertedResidualBlock")
+def _inverted_residual(v: BlockView) -> bool:
+    return len(v.depthwise) == 1 and v.gates == 0 and v.batch_norms >= 1 and v.kind != "branch"
+
+
+@template("AttentionBlock")
+def _attention(v: BlockView) -> bool:
+    return v.residual and v.attention >= 1
+
+
+@template("FFNBlock", expand_ratio=(0.5, 0.75, 1.0))
+def _ffn(v: BlockView) -> bool:
+    return v.residual and v.linears == 2 and not v.convs and v.layer_norms >= 1
+
+
+@template("BottleneckBlock")
+def _bottleneck(v: BlockView) -> bool:
+    k1 = [c for c in v.convs if c.kernel_size[0] == 1 and c.groups == 1]
+    kx = [c for c in v.convs if c.kernel_size[0] > 1]
+    return v.residual and not v.depthwise and len(kx) == 1 and len(k1) >= 2
+
+
+@template("BasicBlock")
+def _basic(v: BlockView) -> bool:
+    kx = [c for c in v.dense_convs if c.kernel_size[0] > 1]
+    k1 = [c for c in v.dense_convs if c.kernel_size[0] == 1]
+    return v.residual and len(kx) == 2 and len(k1) <= 1 and len(v.convs) == len(kx) + len(k1)
+
+
+@template("ResidualBlock")
+def _residual(v: BlockView) -> bool:
+    return v.residual
+
+
+@template("BranchBlock")
+def _branch(v: BlockView) -> bool:
+    return v.kind == "branch"
+
+
+@template("ChainBlock")
+def _chain(v: BlockView) -> bool:
+    return True

@@ -1,0 +1,220 @@
+"""SuperNet: the executable weight-sharing network, its space, and SubNet extraction."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from autotailor.compiler.config import TailorConfig
+from autotailor.errors import ArchError, AutoTailorError
+from autotailor.ir import Block, DynParam, Operator
+from autotailor.supernet.space import Arch, Space
+
+_FORMAT = "autotailor-supernet/1"
+
+# Which field of each operator's feature a channel group sets (input side, output side).
+_FIELDS = {
+    "ConvSpec": ("in_channels", "out_channels"),
+    "LinearSpec": ("in_features", "out_features"),
+    "NormSpec": ("num_features", "num_features"),
+    "ParamSpec": ("size", "size"),
+}
+
+
+class SuperNet(nn.Module):
+    """A compiled model whose SubNets share its weights.
+
+    ``set_arch(arch)`` selects a SubNet in place; ``forward`` runs it; ``extract(arch)``
+    returns it as a plain module; ``space`` describes every SubNet.
+    """
+
+    def __init__(self, net: fx.GraphModule, space: Space, widths: dict[str, tuple[tuple, tuple[int, ...]]],
+                 block_templates: dict[int, str], example_shape: tuple[int, ...], config: TailorConfig):
+        super().__init__()
+        self.net = net
+        self.space = space
+        self.example_shape = example_shape
+        self.config = config
+        self.block_templates = block_templates
+        self.compile_info: dict[str, Any] = {}
+        # width variable -> {ratio: channels}
+        self._channels = {name: dict(zip(r, c)) for name, (r, c) in widths.items()}
+        self._arch: Arch = space.max()
+
+    # -- architecture ------------------------------------------------------------------------------
+    @property
+    def arch(self) -> Arch:
+        """The active architecture."""
+        return dict(self._arch)
+
+    def input_shape(self, arch: Arch | None = None) -> tuple[int, ...]:
+        """Input shape (batch 1) of ``arch`` or of the active architecture."""
+        arch = self.space.complete(arch) if arch is not None else self._arch
+        r = arch.get("resolution", self.example_shape[-1])
+        return (1, self.example_shape[1], r, r)
+
+    def operators(self) -> list[tuple[str, Operator]]:
+        return [(n, m) for n, m in self.net.named_modules() if isinstance(m, Operator)]
+
+    def blocks(self) -> list[Block]:
+        return [m for m in self.net.modules() if isinstance(m, Block)]
+
+    def set_arch(self, arch: Arch) -> None:
+        """Make ``arch`` the active SubNet (missing variables take their largest choice)."""
+        arch = self.space.complete(arch)
+        group_width: dict[str, int] = {}
+        kernels: dict[str, int] = {}
+        for var in self.space.variables:
+            value = arch[var.name]
+            if var.kind == "width":
+                group_width[var.targets[0]] = self._channels[var.name][value]
+            elif var.kind == "kernel":
+                kernels[var.name] = value
+        for _, op in self.operators():
+            spec = type(op.feature.meta).__name__
+            in_field, out_field = _FIELDS[spec]
+            changes: dict[str, int] = {}
+            if op.in_group is not None:
+                changes[in_field] = group_width.get(op.in_group, getattr(op.feature.meta, in_field))
+            if op.out_group is not None:
+                changes[out_field] = group_width.get(op.out_group, getattr(op.feature.meta, out_field))
+            var = getattr(op, "kernel_var", None)
+            if var is not None:
+                changes["kernel_size"] = kernels.get(var, op.feature.meta.kernel_size)
+            op.feature.reset()
+            if changes:
+                op.transform(**changes)
+        kept = self._kept_blocks(arch)
+        for block in self.blocks():
+            block.transform(enabled=block.index in kept)
+        self._arch = arch
+
+    def _kept_blocks(self, arch: Arch) -> set[int]:
+        kept = set()
+        for s, stage in enumerate(self.space.stages):
+            name = f"stage{s}.reduce_depth"
+            d = arch.get(name, 0)
+            kept |= set(stage.droppable[: len(stage.droppable) + d])
+        return kept
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    # -- extraction ------------------------------------------------------------------------------------
+    def extract(self, arch: Arch | None = None) -> fx.GraphModule:
+        """The SubNet ``arch`` (default: the active one) as a standalone module.
+
+        The result holds copies of the active weight slices and only torch layers and the
+        model's own functions: it runs, exports and pickles without AutoTailor.
+        """
+        previous = self._arch
+        if arch is not None:
+            self.set_arch(arch)
+        try:
+            root = nn.Module()
+            graph = fx.Graph()
+            used: set[str] = set()
+
+            def unique(name: str) -> str:
+                base = name.replace(".", "_") or "m"
+                cand, i = base, 1
+                while cand in used:
+                    cand, i = f"{base}_{i}", i + 1
+                used.add(cand)
+                return cand
+
+            out = _emit(self.net, graph, root, None, unique)
+            graph.output(out)
+            net = fx.GraphModule(copy.deepcopy(root), graph, class_name="SubNet")
+            net.train(self.training)
+            return net
+        finally:
+            if arch is not None:
+                self.set_arch(previous)
+
+    # -- persistence --------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write the SuperNet (weights, space, structure) to ``path`` atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save({"format": _FORMAT, "supernet": self}, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def load(path: str | Path) -> SuperNet:
+    """Load a SuperNet written by ``SuperNet.save``."""
+    path = Path(path)
+    if not path.is_file():
+        raise AutoTailorError(f"no SuperNet file at {path}")
+    try:
+        data = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as exc:
+        raise AutoTailorError(f"{path} is not a SuperNet file: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise AutoTailorError(f"{path} is not a SuperNet file of format {_FORMAT}")
+    return data["supernet"]
+
+
+def _emit(gm: fx.GraphModule, graph: fx.Graph, root: nn.Module, entry: fx.Node | None, unique) -> Any:
+    """Copy ``gm``'s graph into ``graph``, inlining enabled blocks and building static layers.
+
+    ``entry`` is the value bound to the placeholder (None at the top level). Returns the
+    value of the output node.
+    """
+    env: dict[fx.Node, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = graph.placeholder(node.name) if entry is None else entry
+        elif node.op == "output":
+            return fx.node.map_arg(node.args[0], lambda n: env[n])
+        elif node.op == "get_attr":
+            name = unique(node.target)
+            value = _attr(gm, node.target)
+            if isinstance(value, nn.Parameter):
+                root.register_parameter(name, nn.Parameter(value.detach().clone(), value.requires_grad))
+            elif isinstance(value, torch.Tensor):
+                root.register_buffer(name, value.detach().clone())
+            else:
+                setattr(root, name, copy.deepcopy(value))
+            env[node] = graph.get_attr(name)
+        elif node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            args = fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+            if isinstance(mod, Block):
+                env[node] = _emit(mod.body, graph, root, args[0], unique) if mod.feature.active.enabled else args[0]
+            elif isinstance(mod, DynParam):
+                name = unique(node.target)
+                value = mod.build()
+                if isinstance(mod.value, nn.Parameter):
+                    root.register_parameter(name, nn.Parameter(value, mod.value.requires_grad))
+                else:
+                    root.register_buffer(name, value)
+                env[node] = graph.get_attr(name)
+            else:
+                name = unique(node.target)
+                root.add_module(name, mod.build() if isinstance(mod, Operator) else mod)
+                env[node] = graph.call_module(name, args, kwargs)
+        else:
+            args = fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+            env[node] = graph.create_node(node.op, node.target, args, kwargs, name=node.name)
+    raise ArchError("graph without output")  # pragma: no cover
+
+
+def _attr(gm: nn.Module, target: str) -> Any:
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name)

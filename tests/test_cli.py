@@ -1,0 +1,40 @@
+"""The autotailor command: compile writes a work directory, or nothing on failure."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import autotailor as at
+from autotailor.cli import main
+
+
+def test_compile_writes_the_work_directory(tmp_path, capsys) -> None:
+    out = tmp_path / "work"
+    assert main(["compile", "torchvision:resnet18", "--out", str(out), "--input-size", "64", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_modifications"] > 0 and summary["log10_space_size"] > 5
+    assert {"BasicBlock"} <= {b["template"] for b in summary["blocks"]}
+    assert sorted(p.name for p in out.iterdir()) == ["compile.json", "config.json", "space.json", "supernet.pt"]
+    sn = at.load(out / "supernet.pt")
+    assert str(sn.space.size) == summary["space_size"]
+    assert len(json.loads((out / "space.json").read_text())) == len(sn.space)
+    assert sn(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+
+
+def test_compile_failure_leaves_nothing(tmp_path, capsys) -> None:
+    out = tmp_path / "work"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[var.stage_vars]\nreduce_depth = 'all'\n")
+    assert main(["compile", "torchvision:resnet18", "--config", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "autotailor: error:" in err and "reduce_depth" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_compile_prints_a_readable_summary(tmp_path, capsys) -> None:
+    assert main(["compile", "torchvision:mobilenet_v2", "--out", str(tmp_path / "w"), "--input-size", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "InvertedResidualBlock" in text
+    assert "space size:" in text and "compile time:" in text and "modifications:" in text

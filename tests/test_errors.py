@@ -1,0 +1,79 @@
+"""Bad input gets an error that says what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import autotailor as at
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        if x.sum() > 0:  # control flow on a tensor value: not traceable
+            x = x * 2
+        return self.fc(x.mean((2, 3)))
+
+
+class Segmenter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def test_untraceable_model_names_the_construct() -> None:
+    with pytest.raises(at.TraceError) as err:
+        at.compile(DataDependent(), torch.randn(1, 3, 8, 8))
+    msg = str(err.value)
+    assert "could not trace DataDependent" in msg
+    assert "test_errors.py" in msg and "forward" in msg  # the line that failed
+    assert "control flow" in msg
+
+
+def test_non_classifier_graph_is_refused() -> None:
+    with pytest.raises(at.GraphError, match=r"output is of shape \(1, 4, 8, 8\).*image classifiers"):
+        at.compile(Segmenter(), torch.randn(1, 3, 8, 8))
+
+
+def test_bad_example_input_is_refused() -> None:
+    with pytest.raises(at.GraphError, match=r"shape \(N, C, H, W\), got \(3, 8, 8\)"):
+        at.compile(Segmenter(), torch.randn(3, 8, 8))
+
+
+def test_model_specs() -> None:
+    with pytest.raises(at.ModelLoadError, match="model spec 'resnet18' is not understood"):
+        at.compile("resnet18")
+    with pytest.raises(at.ModelLoadError, match="torchvision has no classification model 'resnet19'"):
+        at.compile("torchvision:resnet19")
+    with pytest.raises(at.ModelLoadError, match="cannot import 'no_such_pkg'"):
+        at.compile("no_such_pkg:factory")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[var.global_vars\nresolution = [1]", "is not valid TOML"),
+    ("[var.global_vars]\nresolutions = [224]", "unknown key 'var.global_vars.resolutions'; allowed keys are resolution, width_ratio"),
+    ("[var.stage_vars]\nreduce_depth = [1]", r"var.stage_vars.reduce_depth = \[1\] is not allowed; expected a list of integers <= 0"),
+    ("[var.block_vars]\nFooBlock.expand_ratio = [0.5]", "unknown template in var.block_vars.FooBlock.expand_ratio; templates are ConvNeXtBlock"),
+    ("[var.block_vars]\nBasicBlock.depth = [1]", "unknown block variable var.block_vars.BasicBlock.depth; allowed: expand_ratio, kernel_size"),
+    ("[var.block_vars]\nBasicBlock.expand_ratio = [1.5]", r"expected a list of ratios in \(0, 1\]"),
+    ("[arch]\nblocks = ['Nope']", "arch.blocks = \\['Nope'\\] is not allowed; expected a list of template names"),
+    ("[other]\nx = 1", "unknown key 'other'"),
+])
+def test_config_errors_name_key_value_and_allowed(text: str, message: str) -> None:
+    with pytest.raises(at.ConfigError, match=message):
+        at.load_config(text)
+
+
+def test_missing_config_file(tmp_path) -> None:
+    with pytest.raises(at.ConfigError, match="config file not found"):
+        at.load_config(tmp_path / "nope.toml")
