@@ -9,9 +9,9 @@ resolution = [160, 192, 224]          # input sizes (default: 5/7, 6/7 and 7/7 o
 width_ratio = [0.75, 1.0]             # channels not owned by one stage or block (stems, heads)
 [var.stage_vars]
 reduce_depth = [-2, -1, 0]            # drop up to two trailing blocks of a stage
-width_ratio = [0.75, 1.0]             # channels a stage's blocks share (the residual stream)
+width_ratio = [0.5, 0.75, 1.0]        # channels a stage's blocks share (the residual stream)
 [var.block_vars]
-BottleneckBlock.expand_ratio = [0.5, 0.75, 1.0]
+BottleneckBlock.expand_ratio = [0.25, 0.5, 0.75, 1.0]
 InvertedResidualBlock.kernel_size = [3, 5, 7]
 ```
 A list with a single value (``[1.0]``, ``[0]``) switches a modification off.
@@ -27,7 +27,8 @@ from typing import Any
 from autotailor.compiler.templates import BLOCK_VARIABLES, template_names, templates
 from autotailor.errors import ConfigError
 
-DEFAULT_WIDTH = (0.75, 1.0)
+DEFAULT_STAGE_WIDTH = (0.5, 0.75, 1.0)
+DEFAULT_GLOBAL_WIDTH = (0.75, 1.0)
 DEFAULT_DEPTH = (-2, -1, 0)
 
 
@@ -38,8 +39,8 @@ class TailorConfig:
     title: str = ""
     blocks: tuple[str, ...] | None = None
     resolution: tuple[int, ...] | None = None
-    global_width: tuple[float, ...] = DEFAULT_WIDTH
-    stage_width: tuple[float, ...] = DEFAULT_WIDTH
+    global_width: tuple[float, ...] = DEFAULT_GLOBAL_WIDTH
+    stage_width: tuple[float, ...] = DEFAULT_STAGE_WIDTH
     reduce_depth: tuple[int, ...] = DEFAULT_DEPTH
     block_vars: dict[str, dict[str, tuple]] = field(default_factory=dict)
 

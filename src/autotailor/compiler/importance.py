@@ -80,19 +80,34 @@ def _bn_scale(gm: fx.GraphModule, producer: fx.Node) -> torch.Tensor | float:
     return 1.0
 
 
-def reorder_channels(gm: fx.GraphModule, group: ChannelGroup) -> None:
-    """Permute every member of ``group`` in place by ``importance_order``."""
-    perm = importance_order(gm, group)
-    if torch.equal(perm, torch.arange(group.size)):
-        return
+def reorder_channels(gm: fx.GraphModule, groups: list[ChannelGroup]) -> None:
+    """Permute every member of every group in place by its ``importance_order``.
+
+    Orders are computed first (a channel's L1 norm does not depend on the order of the other
+    axes), then each tensor is gathered once with all its permutations, so a convolution that
+    both reads and writes a group, or reads one group and writes another, costs one copy.
+    """
     nodes = {n.name: n for n in gm.graph.nodes}
-    seen: set[tuple[int, int]] = set()
-    with torch.no_grad():
+    plans: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}
+    for group in groups:
+        perm = importance_order(gm, group)
+        if torch.equal(perm, torch.arange(group.size)):
+            continue
         for m in group.members:
             for t, axis in _member_tensors(gm, nodes, m):
-                # A tensor shared by two members is permuted once per axis; a conv that both
-                # reads and writes the group (32 -> 32 channels) is permuted on both axes.
-                if (id(t), axis) in seen:
-                    continue
-                seen.add((id(t), axis))
-                t.data = t.data.index_select(axis, perm)  # rebinding avoids a second copy
+                plans.setdefault(id(t), (t, {}))[1][axis] = perm
+    with torch.no_grad():
+        for t, perms in plans.values():
+            index = [slice(None)] * t.dim()
+            for axis, perm in perms.items():
+                shape = [1] * len(perms)
+                shape[sorted(perms).index(axis)] = -1
+                index[axis] = perm.reshape(shape)
+            if len(perms) > 1 and sorted(perms) != list(range(len(perms))):
+                # Advanced indices on non-leading axes: fall back to one gather per axis.
+                data = t.data
+                for axis, perm in perms.items():
+                    data = data.index_select(axis, perm)
+            else:
+                data = t.data[tuple(index)]
+            t.data = data  # rebinding: the old storage may be the user's (see compile)

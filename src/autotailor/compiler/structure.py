@@ -6,7 +6,7 @@ A unit whose join adds its own input back is a residual unit; one that multiplie
 squeeze-excite gate) belongs to the chain around it; any other join (concat, ...) makes a
 branch unit. Residual and branch units become blocks, absorbing the activations that follow
 their join; chain steps are cut into blocks after a linear bottleneck (a dense layer not
-followed by an activation). A stage starts at every block that is not a droppable residual
+followed by an activation), and a branch block takes the dense layer that makes its fork. A stage starts at every block that is not a droppable residual
 block (identity shortcut, same shape in and out), so depth changes drop a stage's last blocks.
 Nothing here depends on module names, so a model and its ONNX export get the same structure.
 """
@@ -150,6 +150,15 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
     while i < len(elements):
         kind, entry, nodes, identity = elements[i]
         if kind in ("residual", "branch"):
+            if kind == "branch":
+                # A branch block starts at the layer that makes its fork (SqueezeNet's squeeze
+                # conv feeds both expand convs): move it and what follows it out of the chain.
+                dense = [j for j, (_, _, k) in enumerate(chain) if k == "dense"]
+                if dense:
+                    moved = chain[dense[-1]:]
+                    del chain[dense[-1]:]
+                    entry = moved[0][0]
+                    nodes = [n for _, ns, _ in moved for n in ns] + list(nodes)
             flush()
             nodes = list(nodes)
             # Activations right after the join belong to the block (ResNet's ReLU after the add).

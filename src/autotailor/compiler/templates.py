@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from autotailor.compiler.structure import BlockInfo
 
 # Defaults every template starts from; a template overrides what suits it.
-DEFAULT_EXPAND = (0.5, 0.75, 1.0)
+DEFAULT_EXPAND = (0.25, 0.5, 0.75, 1.0)
 DEFAULT_KERNEL = (3, 5, 7)
 
 
@@ -95,11 +95,18 @@ def view(gm: fx.GraphModule, block: BlockInfo) -> BlockView:
                 bns += 1
             elif isinstance(mod, nn.MultiheadAttention):
                 attention += 1
-        elif node.target in (F.softmax, torch.softmax, "softmax", F.scaled_dot_product_attention):
+        elif node.op in ("call_function", "call_method") and _is_attention(node.target):
             attention += 1
         if node.op != "placeholder" and _is_gate(gm, node):
             gates += 1
     return BlockView(block.kind, block.identity, convs, linears, lns, bns, gates, attention)
+
+
+def _is_attention(target: object) -> bool:
+    """Softmax, scaled dot-product attention, or a wrapped attention function (Swin's)."""
+    if target in (F.softmax, torch.softmax, "softmax", F.scaled_dot_product_attention):
+        return True
+    return "attention" in getattr(target, "__name__", "")
 
 
 def _is_gate(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -158,7 +165,7 @@ def _attention(v: BlockView) -> bool:
     return v.residual and v.attention >= 1
 
 
-@template("FFNBlock", expand_ratio=(0.5, 0.75, 1.0))
+@template("FFNBlock")
 def _ffn(v: BlockView) -> bool:
     return v.residual and v.linears == 2 and not v.convs and v.layer_norms >= 1
 

@@ -25,20 +25,32 @@ def _atomic_target(path: Path) -> Path:
 
 
 def export_onnx(net: nn.Module, path: str | Path, input_shape: tuple[int, ...], opset: int = 17) -> Path:
-    """Write ``net`` as ONNX (batch dimension dynamic). Uses the TorchScript-based exporter,
-    whose graphs keep BatchNorm folded and need no extra packages at run time."""
+    """Write ``net`` as ONNX with a dynamic batch dimension, input ``input``, output ``logits``.
+
+    The TorchScript-based exporter is tried first (fast; folds BatchNorm into convolutions);
+    operators it cannot express (an adaptive pooling whose output size does not divide its
+    input, as in VGG below 224 px) fall back to the torch.export-based exporter.
+    """
     path = Path(path)
     tmp = _atomic_target(path)
     was_training = net.training
     net.eval()
+    x = torch.zeros(input_shape)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(
-                net, (torch.zeros(input_shape),), str(tmp), dynamo=False, opset_version=opset,
-                input_names=["input"], output_names=["logits"],
-                dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-            )
+            try:
+                torch.onnx.export(
+                    net, (x,), str(tmp), dynamo=False, opset_version=opset,
+                    input_names=["input"], output_names=["logits"],
+                    dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                )
+            except torch.onnx.errors.OnnxExporterError as first:
+                log.info("TorchScript-based ONNX export failed (%s); using torch.export", first)
+                torch.onnx.export(
+                    net, (x,), str(tmp), dynamo=True, input_names=["input"], output_names=["logits"],
+                    dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False,
+                )
         os.replace(tmp, path)
     except Exception as exc:
         tmp.unlink(missing_ok=True)

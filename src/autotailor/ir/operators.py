@@ -127,12 +127,18 @@ class DynConv2d(Operator, nn.Conv2d):
             padding = 0
         return F.conv2d(x, w, b, self.stride, padding, self.dilation, groups)
 
+    def _active_kernel(self) -> tuple[int, ...]:
+        # Only square kernels are cropped; any other kernel (1x7, ...) keeps its shape.
+        a, m = self.feature.active, self.feature.meta
+        return self.kernel_size if a.kernel_size == m.kernel_size else (a.kernel_size,) * len(self.kernel_size)
+
     def infer(self, shape: Shape) -> Shape:
         a = self.feature.active
         _, _, groups, padding = self._active_params() if a != self.feature.meta else (None, None, 0, self.padding)
         out = [shape[0], a.out_channels]
+        kernel = self._active_kernel()
         for i, size in enumerate(shape[2:]):
-            k, s, d = a.kernel_size, self.stride[i], self.dilation[i]
+            k, s, d = kernel[i], self.stride[i], self.dilation[i]
             if isinstance(padding, str):
                 out.append(size if padding == "same" else (size - d * (k - 1) - 1) // s + 1)
             else:
@@ -143,7 +149,7 @@ class DynConv2d(Operator, nn.Conv2d):
         a = self.feature.active
         w, b, groups, padding = self._active_params()
         conv = nn.Conv2d(
-            a.in_channels, a.out_channels, a.kernel_size, self.stride, padding, self.dilation,
+            a.in_channels, a.out_channels, self._active_kernel(), self.stride, padding, self.dilation,
             groups, b is not None, self.padding_mode,
         )
         with torch.no_grad():

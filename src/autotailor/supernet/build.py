@@ -57,10 +57,10 @@ def compile(  # noqa: A001 - the public name the API promises
     groups = analyse_channels(gm)
     structure = parse_structure(gm)
     plan = _plan(gm, groups, structure, cfg, example)
-    for group in plan.variable_groups.values():
-        reorder_channels(gm, group)
+    reorder_channels(gm, list(plan.variable_groups.values()))
     _lift(gm, plan)
     _outline(gm, plan)
+    _unshare(gm, model)
     space = Space(plan.variables, plan.stages)
     sn = SuperNet(gm, space, plan.widths, plan.block_templates, example_shape=tuple(example.shape), config=cfg)
     sn.compile_info = {
@@ -86,8 +86,32 @@ def _to_graph(model: "nn.Module | str | Path") -> tuple[fx.GraphModule, str]:
             return import_onnx(resolved), str(resolved)
         return trace(resolved), str(model)
     if isinstance(model, nn.Module):
-        return trace(copy.deepcopy(model)), type(model).__name__
+        return trace(_copy_sharing_storage(model)), type(model).__name__
     raise ModelLoadError(f"cannot compile a {type(model).__name__}; pass an nn.Module, an .onnx path or a model spec")
+
+
+def _copy_sharing_storage(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose tensors are new objects over the *same* storage.
+
+    Copying data is the slowest part of compiling a large model, and most of it is rewritten
+    anyway when channels are reordered (which rebinds ``.data`` to new storage). What is still
+    shared at the end is cloned by ``_unshare``, so the user's module is never modified.
+    """
+    memo: dict[int, object] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(p.data, requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = b.detach()
+    return copy.deepcopy(model, memo)
+
+
+def _unshare(net: nn.Module, original: "nn.Module | str | Path") -> None:
+    if not isinstance(original, nn.Module):
+        return
+    ptrs = {t.data_ptr() for t in (*original.parameters(), *original.buffers()) if t.numel()}
+    for t in (*net.parameters(), *net.buffers()):
+        if t.numel() and t.data_ptr() in ptrs:
+            t.data = t.data.clone()
 
 
 def _example(gm: fx.GraphModule, example: torch.Tensor | None, source: str) -> torch.Tensor:
@@ -176,11 +200,18 @@ def _plan(gm: fx.GraphModule, groups: list[ChannelGroup], st: Structure, cfg: Ta
     def blocks_of(member_nodes: list[str]) -> set[int]:
         found = set()
         for name in member_nodes:
-            node = nodes[name]
-            if name in block_of:
-                found.add(block_of[name])
-            else:  # a parameter: it lives where its users live
-                found |= {block_of[u.name] for u in node.users if u.name in block_of}
+            # A node outside every block (a parameter, or a constant computation such as Swin
+            # V2's position-bias MLP) belongs where the values it feeds are used.
+            stack, seen = [nodes[name]], set()
+            while stack:
+                node = stack.pop()
+                if node.name in block_of:
+                    found.add(block_of[node.name])
+                    continue
+                for u in node.users:
+                    if u not in seen:
+                        seen.add(u)
+                        stack.append(u)
         return found
 
     variables: list[Variable] = []

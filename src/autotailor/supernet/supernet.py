@@ -15,6 +15,7 @@ import torch.nn as nn
 from autotailor.compiler.config import TailorConfig
 from autotailor.errors import ArchError, AutoTailorError
 from autotailor.ir import Block, DynParam, Operator
+from autotailor.ir.shapes import deduce_shapes
 from autotailor.supernet.space import Arch, Space
 
 _FORMAT = "autotailor-supernet/1"
@@ -106,6 +107,18 @@ class SuperNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def deduce_shapes(self, arch: Arch | None = None) -> dict[str, tuple[int, ...]]:
+        """Every node's output shape for ``arch`` (default: the active one), deduced from the
+        input shape by the operators' rules, without running the network."""
+        previous = self._arch
+        if arch is not None:
+            self.set_arch(arch)
+        try:
+            return deduce_shapes(self.net, self.input_shape())
+        finally:
+            if arch is not None:
+                self.set_arch(previous)
 
     # -- extraction ------------------------------------------------------------------------------------
     def extract(self, arch: Arch | None = None) -> fx.GraphModule:

@@ -1,0 +1,150 @@
+"""The compiler passes on small models whose right answer is known."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+import autotailor as at
+from autotailor.ir import DynConv2d, Operator
+from conftest import rel_err, well_conditioned
+
+
+class SameWidthResidual(nn.Module):
+    """Residual convs that read and write the same channels (8 -> 8), as in FusedMBConv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)) for _ in range(3))
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = x + torch.relu(b(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_reordering_keeps_the_function_when_a_conv_reads_and_writes_its_group() -> None:
+    torch.manual_seed(0)
+    model = well_conditioned(SameWidthResidual())
+    x = torch.randn(2, 3, 16, 16)
+    sn = at.compile(model, x).eval()
+    stem = sn.net.get_submodule("stem.0")
+    assert not torch.equal(stem.weight, model.stem[0].weight), "channels were not reordered"
+    with torch.no_grad():
+        assert rel_err(model(x), sn(x)) <= 1e-5
+    assert "stage0.width_ratio" in sn.space
+
+
+class LayerScaled(nn.Module):
+    """A parameter multiplied into the channels (ConvNeXt's layer scale) joins their group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3)
+        self.scale = nn.Parameter(torch.rand(16, 1, 1) + 0.5)
+        self.proj = nn.Conv2d(16, 8, 1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.proj(self.scale * self.conv(x))
+        return self.fc(y.mean((2, 3)))
+
+
+def test_elementwise_parameters_are_sliced_with_their_channels() -> None:
+    torch.manual_seed(0)
+    model = LayerScaled().eval()
+    sn = at.compile(model, torch.randn(1, 3, 12, 12), config="[var.block_vars]\nChainBlock.expand_ratio = [0.5, 1.0]")
+    group = dict(sn.operators())["conv"].out_group
+    (var,) = [v for v in sn.space.variables if v.targets == (group,)]
+    arch = {var.name: 0.5}
+    net = sn.extract(arch)
+    shapes = sorted(tuple(p.shape) for p in net.parameters())
+    assert (8, 1, 1) in shapes  # the scale keeps 8 of its 16 channels
+    x = torch.randn(1, 3, 12, 12)
+    sn.set_arch(arch)
+    with torch.no_grad():
+        assert rel_err(sn(x), net(x)) <= 1e-6
+
+
+class Concat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 1)
+        self.b = nn.Conv2d(3, 8, 1)
+        self.mid = nn.Conv2d(16, 16, 1)
+        self.out = nn.Conv2d(16, 8, 1)
+        self.fc = nn.Linear(8 * 4 * 4, 2)
+
+    def forward(self, x):
+        y = torch.cat([self.a(x), self.b(x)], 1)
+        y = self.out(torch.relu(self.mid(y)))
+        return self.fc(torch.flatten(y, 1))
+
+
+def test_unknown_operators_fix_the_channels_they_touch() -> None:
+    sn = at.compile(Concat(), torch.randn(1, 3, 4, 4), config="[var.global_vars]\nresolution = [4]")
+    widths = [v for v in sn.space.variables if v.kind == "width"]
+    # Only mid's output can change: a/b feed a concat, out's channels are flattened with space.
+    assert len(widths) == 1
+    (gname,) = widths[0].targets
+    ops = {name: op for name, op in sn.operators()}
+    assert ops["mid"].out_group == gname and ops["out"].in_group == gname
+    assert "a" not in ops and "b" not in ops and "fc" not in ops  # bypassed: they stay static
+
+
+def test_grouped_convolutions_keep_whole_groups() -> None:
+    torch.manual_seed(0)
+    model = well_conditioned(torchvision.models.resnext50_32x4d(weights=None))
+    sn = at.compile(model, torch.randn(1, 3, 64, 64))
+    grouped = [op for _, op in sn.operators() if isinstance(op, DynConv2d) and 1 < op.groups < op.in_channels]
+    assert grouped
+    rng = random.Random(0)
+    for _ in range(3):
+        arch = sn.space.sample(rng)
+        sn.set_arch(arch)
+        for op in grouped:
+            per_group = op.feature.meta.in_channels // op.feature.meta.groups
+            assert op.feature.active.in_channels % per_group == 0
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "convnext_tiny", "inception_v3"])
+def test_deduced_shapes_match_a_real_run(name: str) -> None:
+    torch.manual_seed(0)
+    size = 96 if name == "inception_v3" else 64
+    sn = at.compile(well_conditioned(torchvision.models.get_model(name, weights=None)), torch.randn(1, 3, size, size))
+    sn.eval()
+    arch = sn.space.sample(random.Random(4))
+    deduced = sn.deduce_shapes(arch)
+    sn.set_arch(arch)
+    seen: dict[str, tuple[int, ...]] = {}
+    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: seen.__setitem__(n, tuple(o.shape)))
+             for n, m in sn.net.named_modules() if isinstance(m, Operator) and n]
+    with torch.no_grad():
+        y = sn(torch.randn(sn.input_shape(arch)))
+    for h in hooks:
+        h.remove()
+    assert seen and all(deduced[n] == s for n, s in seen.items())
+    assert deduced["output" if "output" in deduced else list(deduced)[-1]] == tuple(y.shape)
+
+
+def test_the_users_model_is_not_modified() -> None:
+    torch.manual_seed(0)
+    model = well_conditioned(torchvision.models.mobilenet_v3_small(weights=None))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sn = at.compile(model, torch.randn(1, 3, 64, 64))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    ours = {t.data_ptr() for t in (*sn.parameters(), *sn.buffers()) if t.numel()}
+    theirs = {t.data_ptr() for t in (*model.parameters(), *model.buffers()) if t.numel()}
+    assert not ours & theirs, "the SuperNet shares storage with the user's model"
+    with torch.no_grad():
+        for p in sn.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(before[k], model.state_dict()[k]) for k in before)
