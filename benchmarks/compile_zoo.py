@@ -45,8 +45,8 @@ TARGET_SECONDS = 5.0
 
 
 def machine() -> dict:
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
     return {"cores": torch.get_num_threads(), "cpu": cpu, "python": platform.python_version(),
             "platform": platform.platform()}
 

@@ -38,3 +38,14 @@ def test_compile_prints_a_readable_summary(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "InvertedResidualBlock" in text
     assert "space size:" in text and "compile time:" in text and "modifications:" in text
+
+
+def test_demo_runs_end_to_end(tmp_path, capsys) -> None:
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--model", "torchvision:mobilenet_v3_small", "--input-size", "96"]) == 0
+    text = capsys.readouterr().out
+    assert "SubNets exported to ONNX" in text and "smallest" in text and "largest" in text
+    for name in ("smallest", "random", "largest"):
+        assert (out / f"subnet-{name}.onnx").stat().st_size > 10_000
+        arch = json.loads((out / f"subnet-{name}.arch.json").read_text())
+        assert at.load(out / "supernet.pt").space.complete(arch) == arch

@@ -52,8 +52,7 @@ def test_family_compiles_and_reproduces(name: str, size: int, template: str, tmp
         assert rel_err(ref, sn(x)) <= 1e-4, "the largest SubNet must be the original model"
 
     rng = random.Random(1)
-    for i in range(2):
-        arch = sn.space.sample(rng)
+    for i, arch in enumerate([sn.space.sample(rng), sn.space.min(), sn.space.sample(rng)]):
         sn.set_arch(arch)
         xi = torch.randn(sn.input_shape(arch))
         net = sn.extract(arch).eval()

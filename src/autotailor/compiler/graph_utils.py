@@ -8,6 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
 
 from autotailor.errors import GraphError
+from autotailor.ir.shapes import run_meta
 
 
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:
@@ -26,44 +27,12 @@ def node_shape(node: object) -> tuple[int, ...] | None:
     return tuple(shape) if shape is not None else None
 
 
-class _MetaShapeProp(fx.Interpreter):
-    """ShapeProp on the meta device: every tensor (input, parameters, buffers) is replaced by
-    a meta tensor of the same shape, so no arithmetic runs and no weight is copied."""
-
-    def __init__(self, gm: fx.GraphModule, record: bool):
-        super().__init__(gm)
-        self.record = record
-
-    def run_node(self, n: fx.Node):
-        result = super().run_node(n)
-        if self.record:
-            leaves = torch.utils._pytree.tree_leaves(result)
-            n.meta["has_tensor"] = any(isinstance(v, torch.Tensor) for v in leaves)
-            if isinstance(result, torch.Tensor):
-                n.meta["tensor_meta"] = _extract_tensor_metadata(result)
-            else:
-                n.meta.pop("tensor_meta", None)
-        return result
-
-    def get_attr(self, target, args, kwargs):
-        value = super().get_attr(target, args, kwargs)
-        return _to_meta(value)
-
-    def call_module(self, target, args, kwargs):
-        mod = self.fetch_attr(target)
-        state = {k: _to_meta(v) for k, v in (*mod.named_parameters(), *mod.named_buffers())}
-        return torch.func.functional_call(mod, state, args, kwargs)
-
-
-def _to_meta(value):
-    if isinstance(value, torch.Tensor) and value.device.type != "meta":
-        return torch.empty_like(value, device="meta")
-    return value
-
-
-def _meta_run(gm: fx.GraphModule, example: torch.Tensor, record: bool) -> None:
-    with torch.no_grad():
-        _MetaShapeProp(gm, record).run(_to_meta(example))
+def _record(prefix: str, n: fx.Node, value: object) -> None:
+    n.meta["has_tensor"] = any(isinstance(v, torch.Tensor) for v in torch.utils._pytree.tree_leaves(value))
+    if isinstance(value, torch.Tensor):
+        n.meta["tensor_meta"] = _extract_tensor_metadata(value)
+    else:
+        n.meta.pop("tensor_meta", None)
 
 
 def carries_tensors(node: fx.Node) -> bool:
@@ -78,7 +47,7 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
     fall back to fake tensors, which are slower but follow more of PyTorch.
     """
     try:
-        _meta_run(gm, example, record=True)
+        run_meta(gm, example, _record)
         return
     except Exception:
         pass
@@ -98,7 +67,7 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
 def runs_at(gm: fx.GraphModule, example: torch.Tensor) -> bool:
     """Whether ``gm`` accepts ``example`` (checked on meta tensors, no arithmetic)."""
     try:
-        _meta_run(gm, example, record=False)
+        run_meta(gm, example)
         return True
     except Exception:
         return False

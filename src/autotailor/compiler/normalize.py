@@ -1,8 +1,9 @@
 """Operator parsing: turn functional layers with their own parameters into modules.
 
-Models often call ``F.conv2d(x, self.weight, ...)`` or ``F.layer_norm(x, shape, self.weight,
-self.bias)`` from a custom module's ``forward`` (EfficientNet's static-same-padding conv,
-ConvNeXt's channels-first LayerNorm). torch.fx traces through those, leaving a function call
+Models often call ``F.conv2d(x, self.weight, ...)``, ``F.batch_norm(...)`` or
+``F.layer_norm(x, shape, self.weight, self.bias)`` from a custom module's ``forward``
+(EfficientNet-Lite's static-same-padding conv, timm's BatchNormAct2d, ConvNeXt's
+channels-first LayerNorm). torch.fx traces through those, leaving a function call
 fed by parameter reads. This pass rewrites each such call into a call of the equivalent torch
 layer that holds the *same* parameter objects, so every later pass sees one kind of operator.
 Adding a function is one ``@functional_layer`` builder.
@@ -17,7 +18,10 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+# A builder returns the layer, or None when the call is not one it can express. Weights must be
+# nn.Parameter objects (checked here); running statistics may be plain buffers.
 Builder = Callable[[dict[str, object], dict[str, torch.Tensor]], nn.Module | None]
+_STATISTICS = ("running_mean", "running_var")
 _BUILDERS: dict[object, tuple[tuple[str, ...], tuple[str, ...], Builder]] = {}
 
 
@@ -48,6 +52,21 @@ def _conv2d(args: dict[str, object], p: dict[str, torch.Tensor]) -> nn.Module | 
     )
     conv.weight, conv.bias = w, b
     return conv
+
+
+@functional_layer(F.batch_norm, ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
+                                 "eps"), ("running_mean", "running_var", "weight", "bias"))
+def _batch_norm(args: dict[str, object], p: dict[str, torch.Tensor]) -> nn.Module | None:
+    # Traced in eval mode, a BatchNorm that uses its running statistics (timm's BatchNormAct2d).
+    mean, var, w, b = p.get("running_mean"), p.get("running_var"), p.get("weight"), p.get("bias")
+    if args.get("training", False) is not False or mean is None or var is None or mean.dim() != 1:
+        return None
+    bn = nn.BatchNorm2d(mean.shape[0], args.get("eps", 1e-5), args.get("momentum", 0.1), affine=w is not None,
+                        device="meta")
+    bn.weight, bn.bias = w, b
+    bn.running_mean, bn.running_var = mean, var
+    bn.num_batches_tracked = torch.zeros((), dtype=torch.long)
+    return bn
 
 
 @functional_layer(F.layer_norm, ("input", "normalized_shape", "weight", "bias", "eps"), ("weight", "bias"))
@@ -92,7 +111,7 @@ def lift_functional_layers(gm: fx.GraphModule) -> int:
                 ok = False
                 break
             value = _attr(gm, ref.target)
-            if not isinstance(value, nn.Parameter):
+            if not isinstance(value, nn.Parameter) and not (name in _STATISTICS and isinstance(value, torch.Tensor)):
                 ok = False
                 break
             params[name] = value

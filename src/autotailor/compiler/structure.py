@@ -29,20 +29,22 @@ _NORMS = (nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d)
 
 @dataclass
 class BlockInfo:
-    """A block: consecutive nodes with one input tensor (``entry``) and one output (``nodes[-1]``)."""
+    """A block: consecutive nodes with one input tensor (``entry``) and one output tensor (``output``)."""
 
     index: int
     kind: str  # "residual", "branch" or "chain"
     entry: fx.Node
-    nodes: list[fx.Node]
+    nodes: list[fx.Node]  # in graph order; the output is not always the last (see satellites)
     identity: bool = False  # the residual join adds the block input itself
     droppable: bool = False
     template: str = ""
     stage: int = -1
 
-    @property
-    def names(self) -> set[str]:
-        return {n.name for n in self.nodes}
+    output: fx.Node | None = None
+
+    def __post_init__(self) -> None:
+        if self.output is None:
+            self.output = self.nodes[-1]
 
 
 @dataclass
@@ -130,7 +132,7 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
         nodes = inner + [join]
         target = join.target if join.op != "call_module" else _module_math(gm, join)
         if target in _ADD:
-            identity = entry in join.args
+            identity = any(_through_identities(gm, a) is entry for a in join.all_input_nodes)
             elements.append(("residual", entry, nodes, identity))
         elif target in _MUL:
             elements.append(("gate", entry, nodes, False))
@@ -178,13 +180,14 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
     flush()
 
     flow = set(order)
+    _attach_satellites(gm, blocks, flow)
     for blk in blocks:
-        shape_in, shape_out = node_shape(blk.entry), node_shape(blk.nodes[-1])
+        shape_in, shape_out = node_shape(blk.entry), node_shape(blk.output)
         inside = set(blk.nodes) | {blk.entry}
         # The block must read nothing computed from the input outside it (a size, say),
         # so that it can be outlined and switched off.
         closed = all(a in inside or not _from_input(a, flow) for n in blk.nodes for a in n.all_input_nodes) and all(
-            u in inside for n in blk.nodes[:-1] for u in n.users
+            u in inside for n in blk.nodes if n is not blk.output for u in n.users
         )
         blk.droppable = (
             blk.kind == "residual" and blk.identity and shape_in == shape_out and shape_in is not None and closed
@@ -196,6 +199,30 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
         blk.stage = len(stages) - 1
         stages[-1].append(blk.index)
     return Structure(blocks, stages)
+
+
+def _through_identities(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
+    """Follow ``nn.Identity`` calls back to the tensor they pass on (timm's ``shortcut``)."""
+    while node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.Identity):
+        node = node.args[0]
+    return node
+
+
+def _attach_satellites(gm: fx.GraphModule, blocks: list[BlockInfo], flow: set[fx.Node]) -> None:
+    """Give each block the non-tensor nodes computed from its tensors (``x.ndim`` checks,
+    sizes for a reshape), so that outlining the block takes them along."""
+    owner = {n: b.index for b in blocks for n in b.nodes}
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in gm.graph.nodes:
+        if node in flow or node in owner or node.op in ("placeholder", "output", "get_attr"):
+            continue
+        homes = {owner[a] for a in node.all_input_nodes if a in owner}
+        if len(homes) == 1:
+            (b,) = homes
+            owner[node] = b
+            blocks[b].nodes.append(node)
+    for b in blocks:
+        b.nodes.sort(key=position.__getitem__)
 
 
 def _from_input(node: fx.Node, flow: set[fx.Node]) -> bool:

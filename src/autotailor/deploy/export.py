@@ -6,6 +6,8 @@ import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +19,26 @@ from autotailor.errors import ExportError
 log = logging.getLogger(__name__)
 
 
-def _atomic_target(path: Path) -> Path:
+@contextmanager
+def _exporting(net: nn.Module, path: Path, what: str) -> Iterator[Path]:
+    """Yield a temporary file next to ``path`` with ``net`` in eval mode; on success move it
+    to ``path``, on failure delete it and raise ``ExportError``. Restores the mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    return Path(tmp)
+    tmp = Path(name)
+    was_training = net.training
+    net.eval()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            yield tmp
+        os.replace(tmp, path)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"{what} export to {path} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        net.train(was_training)
 
 
 def export_onnx(net: nn.Module, path: str | Path, input_shape: tuple[int, ...], opset: int = 17) -> Path:
@@ -32,51 +49,28 @@ def export_onnx(net: nn.Module, path: str | Path, input_shape: tuple[int, ...], 
     input, as in VGG below 224 px) fall back to the torch.export-based exporter.
     """
     path = Path(path)
-    tmp = _atomic_target(path)
-    was_training = net.training
-    net.eval()
     x = torch.zeros(input_shape)
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            try:
-                torch.onnx.export(
-                    net, (x,), str(tmp), dynamo=False, opset_version=opset,
-                    input_names=["input"], output_names=["logits"],
-                    dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-                )
-            except torch.onnx.errors.OnnxExporterError as first:
-                log.info("TorchScript-based ONNX export failed (%s); using torch.export", first)
-                torch.onnx.export(
-                    net, (x,), str(tmp), dynamo=True, input_names=["input"], output_names=["logits"],
-                    dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False,
-                )
-        os.replace(tmp, path)
-    except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        raise ExportError(f"ONNX export to {path} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        net.train(was_training)
+    with _exporting(net, path, "ONNX") as tmp:
+        try:
+            torch.onnx.export(
+                net, (x,), str(tmp), dynamo=False, opset_version=opset,
+                input_names=["input"], output_names=["logits"],
+                dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+            )
+        except torch.onnx.errors.OnnxExporterError as first:
+            log.info("TorchScript-based ONNX export failed (%s); using torch.export", first)
+            torch.onnx.export(
+                net, (x,), str(tmp), dynamo=True, input_names=["input"], output_names=["logits"],
+                dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False,
+            )
     return path
 
 
 def export_torchscript(net: nn.Module, path: str | Path, input_shape: tuple[int, ...]) -> Path:
     """Write ``net`` as a traced TorchScript module."""
     path = Path(path)
-    tmp = _atomic_target(path)
-    was_training = net.training
-    net.eval()
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            scripted = torch.jit.trace(net, torch.zeros(input_shape))
-            scripted.save(str(tmp))
-        os.replace(tmp, path)
-    except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        raise ExportError(f"TorchScript export to {path} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        net.train(was_training)
+    with _exporting(net, path, "TorchScript") as tmp:
+        torch.jit.trace(net, torch.zeros(input_shape)).save(str(tmp))
     return path
 
 

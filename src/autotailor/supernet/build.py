@@ -245,7 +245,7 @@ def _plan(gm: fx.GraphModule, groups: list[ChannelGroup], st: Structure, cfg: Ta
             (b,) = all_blocks
             template = st.blocks[b].template
             ratios = cfg.block_choices(template, "expand_ratio") if template else (1.0,)
-            name, block, targets_scope = f"block{b}.expand_ratio", droppable_block(b), b
+            name, block = f"block{b}.expand_ratio", droppable_block(b)
         elif len(own_stages) == 1:
             (s,) = own_stages
             ratios, name, block = cfg.stage_width, f"stage{s}.width_ratio", None
@@ -377,12 +377,12 @@ def _outline(gm: fx.GraphModule, plan: _Plan) -> None:
         env: dict[fx.Node, fx.Node] = {entry: sub.placeholder("x")}
         for node in gm.graph.nodes:
             if node in inside or node in needed:
-                env[node] = sub.node_copy(node, lambda a: env[a])
-        sub.output(env[blk.nodes[-1]])
+                env[node] = sub.node_copy(node, env.__getitem__)
+        sub.output(env[blk.output])
         body = fx.GraphModule(gm, sub)
         name = f"block{blk.index}"
         gm.add_module(name, Block(body, blk.index, blk.template))
-        last = blk.nodes[-1]
+        last = blk.output
         with gm.graph.inserting_after(last):
             call = gm.graph.call_module(name, (entry,))
         flow.add(call)

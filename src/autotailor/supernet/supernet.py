@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import tempfile
 from pathlib import Path
@@ -190,7 +191,11 @@ def _emit(gm: fx.GraphModule, graph: fx.Graph, root: nn.Module, entry: fx.Node |
     env: dict[fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            env[node] = graph.placeholder(node.name) if entry is None else entry
+            if entry is not None:
+                env[node] = entry
+            else:  # keep optional inputs optional (timm's ``attn_mask=None``)
+                default = node.args[0] if node.args else inspect.Signature.empty
+                env[node] = graph.placeholder(node.name, default_value=default)
         elif node.op == "output":
             return fx.node.map_arg(node.args[0], lambda n: env[n])
         elif node.op == "get_attr":
