@@ -13,7 +13,11 @@ For each model (random weights made well-conditioned by ``autotailor.testing``),
 * number of modifications and log10 of the exact number of distinct SubNets of the
   default space (no config);
 * equivalence: max |SuperNet(max arch) - model| / max |model| on one random input;
-* one random SubNet: the extracted module against the SuperNet at that arch.
+* one random SubNet: the extracted module against the SuperNet at that arch;
+* ONNX round trip (models up to 150 M parameters): export the model with
+  ``autotailor.deploy.export_onnx``, compile the ``.onnx`` file, and report whether the space
+  is the same (variable names and choices) and, if so, the relative difference between the
+  two SuperNets' outputs for one random arch.
 
 If ``benchmarks/results/modelopt_reference.json`` exists (``modelopt_reference.py``), the
 table puts NVIDIA ModelOpt AutoNAS's conversion time and space size beside ours. Results
@@ -26,39 +30,61 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
 import torchvision
 
 import autotailor as at
+from autotailor.deploy import export_onnx
 from autotailor.testing import rel_err, well_conditioned
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_SECONDS = 5.0
+ONNX_MAX_PARAMS = 150e6
 
 
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    return {"cores": torch.get_num_threads(), "cpu": cpu, "python": platform.python_version(),
+    return {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cpu": cpu,
+            "python": platform.python_version(),
             "platform": platform.platform()}
 
 
 def versions() -> dict:
-    import onnx
-    import onnx2torch
-
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"autotailor": at.__version__, "commit": commit, "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "onnx": onnx.__version__,
-            "onnx2torch": getattr(onnx2torch, "__version__", "?")}
+    return {"autotailor": at.__version__, "commit": commit,
+            **{p: version(p) for p in ("torch", "torchvision", "onnx", "onnx2torch", "onnxruntime")}}
+
+
+def onnx_round_trip(model: torch.nn.Module, x: torch.Tensor, sn: at.SuperNet) -> dict:
+    """Compile the model's ONNX export and compare it with the SuperNet compiled from PyTorch."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = export_onnx(model, Path(tmp) / "model.onnx", tuple(x.shape))
+            onnx_sn = at.compile(path, x).eval()
+        except at.AutoTailorError as exc:
+            return {"onnx": f"{type(exc).__name__}: {str(exc)[:160]}"}
+    same = [(v.name, v.choices) for v in onnx_sn.space.variables] == [(v.name, v.choices) for v in sn.space.variables]
+    row: dict = {"onnx_same_space": same, "onnx_log10_size": onnx_sn.space.log10_size}
+    if same:
+        arch = sn.space.sample(random.Random(2))
+        sn.set_arch(arch)
+        onnx_sn.set_arch(arch)
+        xi = torch.randn(sn.input_shape(arch), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            row["onnx_rel_err"] = rel_err(sn(xi), onnx_sn(xi))
+    return row
 
 
 def measure(name: str, repeats: int, forward: bool) -> dict:
@@ -91,6 +117,10 @@ def measure(name: str, repeats: int, forward: bool) -> dict:
             sn.set_arch(arch)
             xi = torch.randn(sn.input_shape(arch), generator=torch.Generator().manual_seed(1))
             row["subnet_rel_err"] = rel_err(sn(xi), sn.extract(arch).eval()(xi))
+        if sum(p.numel() for p in model.parameters()) <= ONNX_MAX_PARAMS:
+            row.update(onnx_round_trip(model, x, sn))
+        else:
+            row["onnx"] = f"not checked: more than {ONNX_MAX_PARAMS / 1e6:.0f} M parameters"
     return row
 
 
@@ -113,13 +143,16 @@ def write(results: dict) -> None:
         "*ModelOpt*: NVIDIA ModelOpt AutoNAS default search space (widths and depth only; its size is an "
         "upper bound that counts dropped blocks' choices), from `modelopt_reference.json`.",
         "",
+        "*ONNX*: the model exported to ONNX and compiled again: `same` when the space is identical, "
+        "with the relative output difference of the two SuperNets at a random arch.",
+        "",
         "| model | compile s (median) | modifications | log10 size | ModelOpt s | ModelOpt log10 size | "
-        "max-arch rel. error | SubNet rel. error | kinds |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "max-arch rel. error | SubNet rel. error | ONNX | kinds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name, row in results["models"].items():
         if "error" in row:
-            lines.append(f"| {name} | FAILED: {row['error'][:80]} | | | | | | | |")
+            lines.append(f"| {name} | FAILED: {row['error'][:80]} | | | | | | | | |")
             continue
         mo = ref.get(name, {})
         mo_t = f"{mo['convert_s']:.2f}" if mo.get("convert_s") is not None else "-"
@@ -128,12 +161,22 @@ def write(results: dict) -> None:
         lines.append(
             f"| {name} | {row['compile_s']:.2f} | {row['modifications']} | {row['log10_size']:.1f} | {mo_t} | "
             f"{mo_s} | {row.get('max_arch_rel_err', float('nan')):.1e} | {row.get('subnet_rel_err', float('nan')):.1e} | "
-            f"{', '.join(row['kinds'])} |"
+            f"{_onnx_cell(row)} | {', '.join(row['kinds'])} |"
         )
     s = results.get("summary", {})
     if s:
         lines += ["", "## Summary", ""] + [f"- {k}: {v}" for k, v in s.items()]
     (RESULTS / "compile_zoo.md").write_text("\n".join(lines) + "\n")
+
+
+def _onnx_cell(row: dict) -> str:
+    if "onnx" in row:
+        return row["onnx"][:60]
+    if "onnx_same_space" not in row:
+        return "-"
+    if row["onnx_same_space"]:
+        return f"same ({row['onnx_rel_err']:.0e})"
+    return f"differs (10^{row['onnx_log10_size']:.1f})"
 
 
 def summarise(results: dict) -> dict:
@@ -148,11 +191,15 @@ def summarise(results: dict) -> dict:
         "compiled": len(rows),
         "median compile s": round(statistics.median(v["compile_s"] for v in rows.values()), 2) if rows else None,
         f"compiled within {TARGET_SECONDS:.0f} s": sum(v["compile_s"] <= TARGET_SECONDS for v in rows.values()),
-        "slowest": max(((v["compile_s"], k) for k, v in rows.items()), default=None),
+        "slowest": "{1} ({0:.2f} s)".format(*max((v["compile_s"], k) for k, v in rows.items())) if rows else None,
         "worst max-arch rel. error": max(errs) if errs else None,
         "max-arch rel. error <= 1e-4": sum(e <= 1e-4 for e in errs),
         "space >= ModelOpt's": f"{sum(a >= b for _, a, b in compared)} of {len(compared)}",
         "space < ModelOpt's": [k for k, a, b in compared if a < b],
+        "ONNX round trip, same space": f"{sum(v.get('onnx_same_space') is True for v in rows.values())} of "
+                                       f"{sum('onnx_same_space' in v or 'onnx' in v for v in rows.values())}",
+        "ONNX round trip, worst output difference": max(
+            (v["onnx_rel_err"] for v in rows.values() if "onnx_rel_err" in v), default=None),
     }
 
 

@@ -446,9 +446,22 @@ def _reads_shape(a: ChannelAnalysis, node: fx.Node) -> None:
 def _register_onnx2torch_rules() -> None:
     """onnx2torch's own modules, so that an ONNX model gets the same space as its PyTorch source."""
     try:
-        from onnx2torch.node_converters import binary_math_operations, global_average_pool
+        from onnx2torch.node_converters import activations, binary_math_operations, global_average_pool, transpose
     except ImportError:  # pragma: no cover - onnx2torch is a dependency
         return
+
+    channel_rule(activations.OnnxErf, activations.OnnxHardSigmoid)(_pointwise)
+
+    def onnx_transpose(a: ChannelAnalysis, node: fx.Node) -> _Track | None:
+        t = a.track(node.args[0])
+        perm = a.module(node).perm
+        if t is None:
+            return None
+        nd = len(node_shape(node.args[0]))
+        perm = list(range(nd))[::-1] if perm is None else [d % nd for d in perm]
+        return _Track(perm.index(t.axis), t.gid)
+
+    channel_rule(transpose.OnnxTranspose)(onnx_transpose)
 
     def onnx_binary(a: ChannelAnalysis, node: fx.Node) -> _Track | None:
         fn = a.module(node).math_op_function

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from autotailor.errors import GraphError
 from autotailor.ir.shapes import run_meta
@@ -40,22 +39,27 @@ def carries_tensors(node: fx.Node) -> bool:
     return node.meta.get("has_tensor", True)
 
 
+class _RealRecorder(fx.Interpreter):
+    def run_node(self, n: fx.Node) -> object:
+        result = super().run_node(n)
+        _record("", n, result)
+        return result
+
+
 def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
     """Record every node's output shape in ``node.meta['tensor_meta']`` without computing anything.
 
-    Runs the graph on meta tensors (shapes only); models whose code needs tensor values
-    fall back to fake tensors, which are slower but follow more of PyTorch.
+    Runs the graph on meta tensors (shapes only). Graphs that compute shapes from data at
+    run time (the Reshapes of some ONNX exports) fall back to one real run of the example.
     """
     try:
         run_meta(gm, example, _record)
         return
     except Exception:
         pass
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake = mode.from_tensor(example)
     try:
-        with mode:
-            ShapeProp(gm, fake_mode=mode).propagate(fake)
+        with torch.no_grad():
+            _RealRecorder(gm).run(example)
     except Exception as exc:
         raise GraphError(
             f"the traced graph does not run on an input of shape {tuple(example.shape)}: "
@@ -65,9 +69,16 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
 
 
 def runs_at(gm: fx.GraphModule, example: torch.Tensor) -> bool:
-    """Whether ``gm`` accepts ``example`` (checked on meta tensors, no arithmetic)."""
+    """Whether ``gm`` accepts ``example``: checked on meta tensors (no arithmetic), or by one
+    real run for graphs that compute shapes from data."""
     try:
         run_meta(gm, example)
+        return True
+    except Exception:
+        pass
+    try:
+        with torch.no_grad():
+            gm(example)
         return True
     except Exception:
         return False
