@@ -13,7 +13,7 @@ import autotailor as at
 from conftest import rel_err, well_conditioned
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "convnext_tiny"])
 def test_onnx_export_compiles_to_the_same_space(name: str, tmp_path) -> None:
     torch.manual_seed(0)
     model = well_conditioned(torchvision.models.get_model(name, weights=None))

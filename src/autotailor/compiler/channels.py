@@ -465,7 +465,7 @@ def _register_onnx2torch_rules() -> None:
 
     def onnx_binary(a: ChannelAnalysis, node: fx.Node) -> _Track | None:
         fn = a.module(node).math_op_function
-        if fn not in (torch.add, torch.sub, torch.mul, torch.div):
+        if fn not in (torch.add, torch.sub, torch.mul, torch.div, binary_math_operations._onnx_div):
             a.fix_inputs(node, f"{node.name} has no channel rule")
             return None
         return _binary(a, node)
