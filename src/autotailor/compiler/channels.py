@@ -153,23 +153,8 @@ class ChannelAnalysis:
 
     # -- driver -------------------------------------------------------------------------------------
     def run(self) -> list[ChannelGroup]:
-        modules = dict(self.gm.named_modules())
         for node in self.gm.graph.nodes:
-            rule = _default_rule
-            if node.op == "call_module":
-                for cls in type(modules[node.target]).__mro__:
-                    if cls in _MODULE_RULES:
-                        rule = _MODULE_RULES[cls]
-                        break
-            elif node.op == "call_function":
-                rule = _FUNCTION_RULES.get(node.target, _default_rule)
-            elif node.op == "call_method":
-                rule = _METHOD_RULES.get(node.target, _default_rule)
-            elif node.op in ("placeholder", "get_attr"):
-                rule = _no_track
-            elif node.op == "output":
-                rule = _output_rule
-            self._env[node] = rule(self, node)
+            self._env[node] = _rule_for(self.gm, node)(self, node)
         self._check_params()
         return self.groups()
 
@@ -190,6 +175,21 @@ class ChannelAnalysis:
 
 
 # -- rules --------------------------------------------------------------------------------------------
+
+
+def _rule_for(gm: fx.GraphModule, node: fx.Node) -> Rule:
+    if node.op == "call_module":
+        for cls in type(gm.get_submodule(node.target)).__mro__:  # subclasses share their base's rule
+            if cls in _MODULE_RULES:
+                return _MODULE_RULES[cls]
+        return _default_rule
+    if node.op == "call_function":
+        return _FUNCTION_RULES.get(node.target, _default_rule)
+    if node.op == "call_method":
+        return _METHOD_RULES.get(node.target, _default_rule)
+    if node.op == "output":
+        return _output_rule
+    return _no_track  # placeholder, get_attr
 
 
 def _no_track(a: ChannelAnalysis, node: fx.Node) -> None:
@@ -301,6 +301,11 @@ _POINTWISE_METHODS = ("relu", "relu_", "sigmoid", "sigmoid_", "tanh", "contiguou
 @channel_rule(*_POINTWISE_MODULES, *_POINTWISE_FUNCTIONS, *_POINTWISE_METHODS)
 def _pointwise(a: ChannelAnalysis, node: fx.Node) -> _Track | None:
     return a.track(node.args[0])
+
+
+def is_pointwise(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` applies a channel-blind elementwise function (an activation, dropout)."""
+    return _rule_for(gm, node) is _pointwise
 
 
 def _stochastic_depth_rule() -> None:
@@ -430,10 +435,14 @@ def _mean(a: ChannelAnalysis, node: fx.Node) -> _Track | None:
         a.fix(t.gid, f"{node.name} averages over the channels")
         return None
     dims = [d % nd for d in ((dims,) if isinstance(dims, int) else dims)]
+    return _reduced(a, node, t, dims, bool(bound.get("keepdim", False)))
+
+
+def _reduced(a: ChannelAnalysis, node: fx.Node, t: _Track, dims: list[int], keep: bool) -> _Track | None:
+    """The channels after reducing ``dims``: unchanged unless the channel axis is reduced."""
     if t.axis in dims:
-        a.fix(t.gid, f"{node.name} averages over the channels")
+        a.fix(t.gid, f"{node.name} reduces over the channels")
         return None
-    keep = bool(bound.get("keepdim", False))
     return _Track(t.axis if keep else t.axis - sum(d < t.axis for d in dims), t.gid)
 
 
@@ -446,7 +455,9 @@ def _reads_shape(a: ChannelAnalysis, node: fx.Node) -> None:
 def _register_onnx2torch_rules() -> None:
     """onnx2torch's own modules, so that an ONNX model gets the same space as its PyTorch source."""
     try:
-        from onnx2torch.node_converters import activations, binary_math_operations, global_average_pool, transpose
+        from onnx2torch.node_converters import (
+            activations, binary_math_operations, global_average_pool, reduce, transpose,
+        )
     except ImportError:  # pragma: no cover - onnx2torch is a dependency
         return
 
@@ -462,6 +473,19 @@ def _register_onnx2torch_rules() -> None:
         return _Track(perm.index(t.axis), t.gid)
 
     channel_rule(transpose.OnnxTranspose)(onnx_transpose)
+
+    def onnx_reduce(a: ChannelAnalysis, node: fx.Node) -> _Track | None:
+        t = a.track(node.args[0])
+        mod = a.module(node)
+        if t is None:
+            return None
+        if mod.operation_type not in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum") or not mod.axes:
+            a.fix(t.gid, f"{node.name} ({mod.operation_type}) has no channel rule")
+            return None
+        nd = len(node_shape(node.args[0]))
+        return _reduced(a, node, t, [d % nd for d in mod.axes], mod.keepdims)
+
+    channel_rule(reduce.OnnxReduceStaticAxes)(onnx_reduce)
 
     def onnx_binary(a: ChannelAnalysis, node: fx.Node) -> _Track | None:
         fn = a.module(node).math_op_function

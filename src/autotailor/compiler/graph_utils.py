@@ -27,7 +27,10 @@ def node_shape(node: object) -> tuple[int, ...] | None:
 
 
 def _record(prefix: str, n: fx.Node, value: object) -> None:
-    n.meta["has_tensor"] = any(isinstance(v, torch.Tensor) for v in torch.utils._pytree.tree_leaves(value))
+    # Activations are floating point; integer tensors are shapes and indices (ONNX's Shape op).
+    n.meta["has_tensor"] = any(
+        isinstance(v, torch.Tensor) and v.is_floating_point() for v in torch.utils._pytree.tree_leaves(value)
+    )
     if isinstance(value, torch.Tensor):
         n.meta["tensor_meta"] = _extract_tensor_metadata(value)
     else:
@@ -35,7 +38,8 @@ def _record(prefix: str, n: fx.Node, value: object) -> None:
 
 
 def carries_tensors(node: fx.Node) -> bool:
-    """Whether the node's value holds a tensor (not only sizes or other Python values)."""
+    """Whether the node's value holds a floating-point tensor (not only sizes, indices or
+    other Python values)."""
     return node.meta.get("has_tensor", True)
 
 

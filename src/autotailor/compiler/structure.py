@@ -6,8 +6,9 @@ A unit whose join adds its own input back is a residual unit; one that multiplie
 squeeze-excite gate) belongs to the chain around it; any other join (concat, ...) makes a
 branch unit. Residual and branch units become blocks, absorbing the activations that follow
 their join; chain steps are cut into blocks after a linear bottleneck (a dense layer not
-followed by an activation), and a branch block takes the dense layer that makes its fork. A stage starts at every block that is not a droppable residual
-block (identity shortcut, same shape in and out), so depth changes drop a stage's last blocks.
+followed by an activation), and a branch block takes the dense layer that makes its fork.
+A stage starts at every block that is not a droppable residual block (identity shortcut,
+same shape in and out), so depth changes drop a stage's last blocks.
 Nothing here depends on module names, so a model and its ONNX export get the same structure.
 """
 
@@ -20,10 +21,11 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from autotailor.compiler.channels import is_pointwise
 from autotailor.compiler.graph_utils import carries_tensors, node_shape
 
 _ADD = (operator.add, operator.iadd, torch.add, "add", "add_")
-_MUL = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
+MUL_TARGETS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
 _NORMS = (nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d)
 
 
@@ -63,24 +65,7 @@ def _op_kind(gm: fx.GraphModule, node: fx.Node) -> str:
             return "dense"
         if isinstance(mod, _NORMS):
             return "norm"
-        if _is_pointwise_module(mod):
-            return "act"
-    elif node.op in ("call_function", "call_method"):
-        if _is_pointwise_function(node.target):
-            return "act"
-    return "other"
-
-
-def _is_pointwise_module(mod: nn.Module) -> bool:
-    from autotailor.compiler.channels import _POINTWISE_MODULES
-
-    return isinstance(mod, _POINTWISE_MODULES)
-
-
-def _is_pointwise_function(target: object) -> bool:
-    from autotailor.compiler.channels import _POINTWISE_FUNCTIONS, _POINTWISE_METHODS
-
-    return target in _POINTWISE_FUNCTIONS or target in _POINTWISE_METHODS
+    return "act" if is_pointwise(gm, node) else "other"
 
 
 def _flow_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -130,11 +115,11 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
             elements.append(("step", entry, [join], False))
             continue
         nodes = inner + [join]
-        target = join.target if join.op != "call_module" else _module_math(gm, join)
+        target = math_target(gm, join)
         if target in _ADD:
             identity = any(_through_identities(gm, a) is entry for a in join.all_input_nodes)
             elements.append(("residual", entry, nodes, identity))
-        elif target in _MUL:
+        elif target in MUL_TARGETS:
             elements.append(("gate", entry, nodes, False))
         else:
             elements.append(("branch", entry, nodes, False))
@@ -247,7 +232,9 @@ def _bottleneck_end(gm: fx.GraphModule, chain: list[tuple[fx.Node, list[fx.Node]
     return len(kinds) >= 2 and kinds[-1] == "norm" and kinds[-2] == "dense"
 
 
-def _module_math(gm: fx.GraphModule, node: fx.Node) -> object:
-    """onnx2torch expresses Add/Mul as a module; map it to the torch function it applies."""
+def math_target(gm: fx.GraphModule, node: fx.Node) -> object:
+    """The function a node applies; onnx2torch's Add/Mul modules map to operator.add/mul."""
+    if node.op != "call_module":
+        return node.target
     fn = getattr(gm.get_submodule(node.target), "math_op_function", None)
     return {torch.add: operator.add, torch.mul: operator.mul}.get(fn, fn)

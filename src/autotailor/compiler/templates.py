@@ -16,7 +16,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autotailor.compiler.structure import BlockInfo
+from autotailor.compiler.structure import MUL_TARGETS, BlockInfo, math_target
 
 # Defaults every template starts from; a template overrides what suits it.
 DEFAULT_EXPAND = (0.25, 0.5, 0.75, 1.0)
@@ -111,10 +111,7 @@ def _is_attention(target: object) -> bool:
 
 def _is_gate(gm: fx.GraphModule, node: fx.Node) -> bool:
     """A multiplication of a tensor by something computed from that same tensor (squeeze-excite)."""
-    from autotailor.compiler.structure import _MUL, _module_math
-
-    target = _module_math(gm, node) if node.op == "call_module" else node.target
-    if target not in _MUL or len(node.all_input_nodes) != 2:
+    if math_target(gm, node) not in MUL_TARGETS or len(node.all_input_nodes) != 2:
         return False
     a, b = node.all_input_nodes
     return _depends_on(b, a) or _depends_on(a, b)
