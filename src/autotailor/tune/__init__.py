@@ -1,0 +1,6 @@
+"""SuperNet fine-tuning: sampled SubNets with in-place distillation, BN recalibration, evaluation."""
+
+from autotailor.tune.evaluate import evaluate, recalibrated
+from autotailor.tune.tuner import TuneConfig, Tuner
+
+__all__ = ["TuneConfig", "Tuner", "evaluate", "recalibrated"]

@@ -1,0 +1,165 @@
+"""The tuning loop: CompOFA-style sampling with in-place distillation, resumable exactly.
+
+Each step takes one batch and K SubNets: the largest, the smallest and K-2 random ones. The
+largest learns from the labels (cross-entropy with label smoothing); the others learn from
+the largest's detached predictions (in-place distillation). Their gradients accumulate into
+one optimiser step. Everything random in a step (the SubNets, the batch and its augmentation,
+dropout) is a function of the seed and the step number, so a run resumed from a checkpoint
+continues exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from autotailor.data.loader import BatchLoader, at_resolution
+from autotailor.errors import AutoTailorError
+from autotailor.supernet import Arch, SuperNet
+
+log = logging.getLogger(__name__)
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Settings of a tuning run (the ``[tune]`` table of the config, overridable on the CLI)."""
+
+    steps: int = 1000
+    subnets: int = 4  # SubNets per step: the largest, the smallest, and random ones
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 3e-5
+    warmup_steps: int = 0
+    label_smoothing: float = 0.1
+    distill: bool = True
+    seed: int = 0
+    checkpoint_every: int = 100
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise AutoTailorError(f"tune.optimizer = {self.optimizer!r} is not allowed; expected one of {OPTIMIZERS}")
+        if self.steps < 1 or self.subnets < 1 or self.checkpoint_every < 1:
+            raise AutoTailorError("tune.steps, tune.subnets and tune.checkpoint_every must be >= 1")
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    images: int
+
+
+class Tuner:
+    """Fine-tunes ``sn`` on ``loader``'s batches, checkpointing to ``checkpoint`` (if given)."""
+
+    def __init__(self, sn: SuperNet, loader: BatchLoader, config: TuneConfig, checkpoint: str | Path | None = None):
+        self.sn = sn
+        self.loader = loader
+        self.config = config
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        params = [p for p in sn.parameters() if p.requires_grad]
+        if config.optimizer == "sgd":
+            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
+                params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=True)
+        else:
+            self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.step = 0
+
+    def _lr_factor(self, step: int) -> float:
+        c = self.config
+        if step < c.warmup_steps:
+            return (step + 1) / c.warmup_steps
+        progress = (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    def sample(self, step: int) -> list[Arch]:
+        """The SubNets of ``step``: largest first (the teacher), then smallest, then random."""
+        space = self.sn.space
+        rng = random.Random(f"{self.config.seed}:{step}")
+        archs = [space.max(), space.min()] + [space.sample(rng) for _ in range(max(0, self.config.subnets - 2))]
+        return archs[: self.config.subnets]
+
+    def train_step(self, step: int) -> StepResult:
+        epoch, i = divmod(step, len(self.loader))
+        x, y = self.loader.batch(epoch, i)
+        self.sn.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        archs = self.sample(step)
+        total = 0.0
+        teacher = None
+        with torch.random.fork_rng():
+            torch.manual_seed(hash((self.config.seed, step)) % (2**63))
+            for j, arch in enumerate(archs):
+                self.sn.set_arch(arch)
+                out = self.sn(at_resolution(x, self.sn.input_shape()[-1]))
+                if j == 0 or not self.config.distill:
+                    loss = F.cross_entropy(out, y, label_smoothing=self.config.label_smoothing)
+                    if j == 0:
+                        teacher = out.detach().softmax(1)
+                else:
+                    loss = -(teacher * out.log_softmax(1)).sum(1).mean()
+                (loss / len(archs)).backward()
+                total += float(loss.detach()) / len(archs)
+        self.optimizer.step()
+        self.schedule.step()
+        self.sn.set_arch(self.sn.space.max())
+        return StepResult(step, total, len(y) * len(archs))
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"step": self.step, "config": dataclasses.asdict(self.config), "model": self.sn.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+
+    def save(self) -> None:
+        """Write a checkpoint atomically: a crash during the write keeps the previous one."""
+        if self.checkpoint is None:
+            return
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.checkpoint.parent, prefix=self.checkpoint.name, suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save(self.state(), tmp)
+            os.replace(tmp, self.checkpoint)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def resume(self) -> bool:
+        """Continue from the checkpoint if there is one; it must come from the same settings."""
+        if self.checkpoint is None or not self.checkpoint.is_file():
+            return False
+        state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+        if state["config"] != dataclasses.asdict(self.config):
+            raise AutoTailorError(
+                f"{self.checkpoint} was written with other settings {state['config']}; "
+                "resume with the same settings or start a new work directory"
+            )
+        self.sn.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.step = state["step"]
+        log.info("resumed from %s at step %d", self.checkpoint, self.step)
+        return True
+
+    def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
+        """Train until ``config.steps``, checkpointing every ``checkpoint_every`` steps and at the end."""
+        while self.step < self.config.steps:
+            result = self.train_step(self.step)
+            self.step += 1
+            if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                self.save()
+            if on_step is not None:
+                on_step(result)

@@ -1,0 +1,92 @@
+"""Tuning: it learns, evaluation with BN recalibration leaves the SuperNet intact, and an
+interrupted run resumes to exactly the weights of an uninterrupted one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import autotailor as at
+from autotailor.data import BatchLoader, load_data
+from autotailor.tune import TuneConfig, Tuner, evaluate
+
+
+class SmallNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(16, 32, 1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 16, 3, padding=1),
+                          nn.BatchNorm2d(16)) for _ in range(2))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = torch.relu(x + b(x))
+        return self.fc(x.mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_data("digits", seed=0)
+
+
+def _supernet() -> at.SuperNet:
+    torch.manual_seed(0)
+    return at.compile(SmallNet(), torch.zeros(1, 3, 16, 16))
+
+
+def test_training_then_tuning_learns_and_evaluation_restores_statistics(digits) -> None:
+    train, val = digits
+    sn = _supernet()
+    losses = []
+    # First the base model (the largest SubNet alone, as `autotailor train` does), then the SuperNet.
+    Tuner(sn, BatchLoader(train, 64, train=True, resolution=16), TuneConfig(steps=150, subnets=1, lr=0.1)).run(
+        lambda r: losses.append(r.loss))
+    assert sum(losses[-10:]) < 0.6 * sum(losses[:10]), losses
+    val_batches = list(BatchLoader(val, 200, train=False, resolution=16))
+    calib = [b for _, b in zip(range(4), BatchLoader(train, 64, train=True, resolution=16, seed=9))]
+    untuned_small = evaluate(sn, sn.space.min(), val_batches, calib)
+    Tuner(sn, BatchLoader(train, 64, train=True, resolution=16, seed=1), TuneConfig(steps=40, lr=0.05)).run()
+    before = {k: v.clone() for k, v in sn.state_dict().items()}
+    top = evaluate(sn, sn.space.max(), val_batches, calib)
+    small = evaluate(sn, sn.space.min(), val_batches, calib)
+    assert all(torch.equal(before[k], v) for k, v in sn.state_dict().items()), "evaluation changed the SuperNet"
+    assert top > 0.7 and small > untuned_small, (top, small, untuned_small)
+
+
+def test_interrupted_tuning_resumes_exactly(digits, tmp_path) -> None:
+    train, _ = digits
+    config = TuneConfig(steps=6, checkpoint_every=2, lr=0.05)
+
+    def loader() -> BatchLoader:
+        return BatchLoader(train, 32, train=True, resolution=16, seed=1)
+
+    straight = _supernet()
+    Tuner(straight, loader(), config).run()
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_step_3(result) -> None:
+        if result.step == 2:
+            raise Interrupt
+
+    ckpt = tmp_path / "tune.pt"
+    with pytest.raises(Interrupt):
+        Tuner(_supernet(), loader(), config, ckpt).run(stop_at_step_3)
+    resumed = _supernet()
+    tuner = Tuner(resumed, loader(), config, ckpt)
+    assert tuner.resume() and tuner.step == 2  # the checkpoint of step 2; step 3 is redone
+    tuner.run()
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(at.AutoTailorError, match="was written with other settings"):
+        Tuner(_supernet(), loader(), TuneConfig(steps=7, checkpoint_every=2), ckpt).resume()
+
+
+def test_tune_config_errors() -> None:
+    with pytest.raises(at.AutoTailorError, match="tune.optimizer = 'adam' is not allowed; expected one of"):
+        TuneConfig(optimizer="adam")
