@@ -49,3 +49,19 @@ def test_demo_runs_end_to_end(tmp_path, capsys) -> None:
         assert (out / f"subnet-{name}.onnx").stat().st_size > 10_000
         arch = json.loads((out / f"subnet-{name}.arch.json").read_text())
         assert at.load(out / "supernet.pt").space.complete(arch) == arch
+
+
+def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
+    work = str(tmp_path / "w")
+    assert main(["compile", "torchvision:mobilenet_v3_small", "--out", work, "--input-size", "32", "--json"]) == 0
+    common = ["--data", "digits", "--batch-size", "32", "--quiet", "--checkpoint-every", "2"]
+    assert main(["train", work, "--steps", "4", *common]) == 0
+    assert main(["tune", work, "--steps", "3", *common]) == 0
+    capsys.readouterr()
+    assert main(["tune", work, "--steps", "3", *common]) == 0  # finished: resumes at the end
+    assert "resuming tune at step 3" in capsys.readouterr().out
+    assert main(["evaluate", work, "--data", "digits", "--arch", "min", "--json", "--calibration-batches", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0.0 <= result["accuracy"] <= 1.0 and result["validation_images"] == 359
+    assert main(["tune", str(tmp_path / "missing"), "--data", "digits"]) == 2
+    assert "holds no supernet.pt" in capsys.readouterr().err

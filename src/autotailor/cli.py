@@ -151,6 +151,102 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_work(work: str):
+    import autotailor as at
+
+    path = Path(work) / "supernet.pt"
+    if not path.is_file():
+        raise AutoTailorError(f"{work} holds no supernet.pt; run `autotailor compile MODEL --out {work}` first")
+    return at.load(path)
+
+
+def _tune_config(args: argparse.Namespace, subnets: int):
+    from autotailor.tune import TuneConfig
+
+    return TuneConfig(steps=args.steps, subnets=subnets, optimizer=args.optimizer, lr=args.lr,
+                      weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
+                      label_smoothing=args.label_smoothing, seed=args.seed, checkpoint_every=args.checkpoint_every)
+
+
+def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
+    """``train`` (the largest SubNet alone) and ``tune`` (sampled SubNets), with a progress bar."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.tune import Tuner
+
+    sn = _load_work(args.work)
+    train, _ = load_data(args.data, seed=args.seed)
+    loader = BatchLoader(train, args.batch_size, train=True, resolution=sn.example_shape[-1], seed=args.seed)
+    tuner = Tuner(sn, loader, _tune_config(args, subnets), Path(args.work) / f"{name}.ckpt")
+    if tuner.resume():
+        print(f"resuming {name} at step {tuner.step}")
+    started, images = time.perf_counter(), 0
+    columns = (TextColumn(f"{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[ips]:.0f} img/s"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, disable=args.quiet) as progress:
+        task = progress.add_task(name, total=tuner.config.steps, completed=tuner.step, loss=float("nan"), ips=0.0)
+
+        def on_step(result) -> None:
+            nonlocal images
+            images += result.images
+            progress.update(task, advance=1, loss=result.loss, ips=images / (time.perf_counter() - started))
+
+        tuner.run(on_step)
+    sn.save(Path(args.work) / "supernet.pt")
+    print(f"{name}: {tuner.step} steps; weights in {args.work}/supernet.pt")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    return _run_tuning(args, 1, "train")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    return _run_tuning(args, args.subnets, "tune")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.tune import evaluate
+
+    sn = _load_work(args.work)
+    arch = sn.space.max() if args.arch in (None, "max") else (
+        sn.space.min() if args.arch == "min" else json.loads(Path(args.arch).read_text()))
+    arch = sn.space.complete(arch)
+    train, val = load_data(args.data, seed=args.seed)
+    resolution = sn.input_shape(arch)[-1]
+    val_batches = list(BatchLoader(val, args.batch_size, train=False, resolution=resolution))
+    calib = BatchLoader(train, args.batch_size, train=True, resolution=resolution, seed=args.seed)
+    calib_batches = [calib.batch(0, i) for i in range(min(args.calibration_batches, len(calib)))]
+    result = {
+        "accuracy": evaluate(sn, arch, val_batches, calib_batches),
+        "accuracy_without_recalibration": evaluate(sn, arch, val_batches),
+        "validation_images": sum(len(y) for _, y in val_batches),
+        "arch": arch,
+    }
+    print(json.dumps(result, indent=1) if args.json else
+          f"accuracy {result['accuracy']:.4f} (without BN recalibration {result['accuracy_without_recalibration']:.4f})"
+          f" on {result['validation_images']} images")
+    return 0
+
+
+def _add_tuning_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
+    p.add_argument("work", help="work directory written by `autotailor compile`")
+    p.add_argument("--data", required=True, help="cifar10:PATH, imagefolder:PATH or digits")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--weight-decay", type=float, default=3e-5)
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotailor", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -163,6 +259,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-size", type=int, default=None, help="largest input resolution (default 224)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("train", help="train the largest SubNet (a model without trained weights)")
+    _add_tuning_args(p, steps=2000, lr=0.1)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("tune", help="fine-tune the SuperNet so that every SubNet stays accurate")
+    _add_tuning_args(p, steps=2000, lr=0.05)
+    p.add_argument("--subnets", type=int, default=4, help="SubNets per step (largest, smallest, random)")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("evaluate", help="accuracy of one SubNet, with BatchNorm recalibrated for it")
+    p.add_argument("work")
+    p.add_argument("--data", required=True, help="cifar10:PATH, imagefolder:PATH or digits")
+    p.add_argument("--arch", default="max", help="arch JSON file, or max / min")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--calibration-batches", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("demo", help="run the pipeline on an embedded default, offline")
     p.add_argument("--model", default="torchvision:mobilenet_v3_large")

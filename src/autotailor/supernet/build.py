@@ -49,6 +49,8 @@ def compile(  # noqa: A001 - the public name the API promises
     started = time.perf_counter()
     cfg = load_config(config)
     gm, source = _to_graph(model)
+    training = model.training if isinstance(model, nn.Module) else False
+    gm.eval()  # the passes run the graph's inference path (BatchNorm on running statistics)
     example = _example(gm, example_input, source)
     gm.graph.eliminate_dead_code()  # e.g. unused attention weights returned by a MultiheadAttention
     lift_functional_layers(gm)
@@ -63,6 +65,7 @@ def compile(  # noqa: A001 - the public name the API promises
     _unshare(gm, model)
     space = Space(plan.variables, plan.stages)
     sn = SuperNet(gm, space, plan.widths, plan.block_templates, example_shape=tuple(example.shape), config=cfg)
+    sn.train(training)
     sn.compile_info = {
         "source": source,
         "seconds": time.perf_counter() - started,
