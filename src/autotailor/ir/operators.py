@@ -134,7 +134,7 @@ class DynConv2d(Operator, nn.Conv2d):
 
     def infer(self, shape: Shape) -> Shape:
         a = self.feature.active
-        _, _, groups, padding = self._active_params() if a != self.feature.meta else (None, None, 0, self.padding)
+        padding = self._active_params()[3] if a != self.feature.meta else self.padding
         out = [shape[0], a.out_channels]
         kernel = self._active_kernel()
         for i, size in enumerate(shape[2:]):
