@@ -2,8 +2,9 @@
 
 Reproduce (from the repository root, after `make install`)::
 
-    .venv/bin/python benchmarks/compile_zoo.py            # all models, ~30 min on 2 cores
+    .venv/bin/python benchmarks/compile_zoo.py            # all models, ~15 min on 2 cores
     .venv/bin/python benchmarks/compile_zoo.py --models resnet50,mobilenet_v2
+    .venv/bin/python benchmarks/compile_zoo.py --report-only   # table and summary again from the JSON
 
 For each model (random weights made well-conditioned by ``autotailor.testing``), at 224x224
 (inception_v3: 299x299), batch 1:

@@ -56,10 +56,14 @@ def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
     assert main(["compile", "torchvision:mobilenet_v3_small", "--out", work, "--input-size", "32", "--json"]) == 0
     common = ["--data", "digits", "--batch-size", "32", "--quiet", "--checkpoint-every", "2"]
     assert main(["train", work, "--steps", "4", *common]) == 0
-    assert main(["tune", work, "--steps", "3", *common]) == 0
+    settings = tmp_path / "tune.toml"
+    settings.write_text("[tune]\nsteps = 3\nsubnets = 3\n")
+    assert main(["tune", work, "--config", str(settings), *common]) == 0
     capsys.readouterr()
-    assert main(["tune", work, "--steps", "3", *common]) == 0  # finished: resumes at the end
+    assert main(["tune", work, "--config", str(settings), *common]) == 0  # finished: resumes at the end
     assert "resuming tune at step 3" in capsys.readouterr().out
+    assert main(["tune", work, "--config", str(settings), "--subnets", "2", *common]) == 2  # other settings
+    assert "was written with other settings" in capsys.readouterr().err
     assert main(["evaluate", work, "--data", "digits", "--arch", "min", "--json", "--calibration-batches", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert 0.0 <= result["accuracy"] <= 1.0 and result["validation_images"] == 359

@@ -90,3 +90,15 @@ def test_interrupted_tuning_resumes_exactly(digits, tmp_path) -> None:
 def test_tune_config_errors() -> None:
     with pytest.raises(at.AutoTailorError, match="tune.optimizer = 'adam' is not allowed; expected one of"):
         TuneConfig(optimizer="adam")
+
+
+def test_settings_come_from_the_config_and_the_command_line_wins() -> None:
+    config = at.load_config("[tune]\nsteps = 50\nlr = 1\noptimizer = 'adamw'")
+    merged = TuneConfig.from_settings(config.steps["tune"], {"steps": 7})
+    assert (merged.steps, merged.lr, merged.optimizer, merged.subnets) == (7, 1.0, "adamw", 4)
+    with pytest.raises(at.AutoTailorError, match="unknown tune setting 'epochs'; allowed: steps, subnets"):
+        TuneConfig.from_settings({"epochs": 3})
+    with pytest.raises(at.AutoTailorError, match="tune.steps = '10' is not allowed; expected a int"):
+        TuneConfig.from_settings({"steps": "10"})
+    with pytest.raises(at.ConfigError, match=r"\[tune\] must be a table"):
+        at.load_config("tune = 3")

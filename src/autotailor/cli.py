@@ -160,12 +160,22 @@ def _load_work(work: str):
     return at.load(path)
 
 
-def _tune_config(args: argparse.Namespace, subnets: int):
+_TUNE_FLAGS = ("steps", "subnets", "optimizer", "lr", "weight_decay", "warmup_steps", "label_smoothing", "seed",
+               "checkpoint_every")
+
+
+def _tune_config(args: argparse.Namespace, sn, subnets: int | None):
+    """[tune] of the work directory's config, then of --config, then the flags given."""
+    from autotailor.compiler.config import load_config
     from autotailor.tune import TuneConfig
 
-    return TuneConfig(steps=args.steps, subnets=subnets, optimizer=args.optimizer, lr=args.lr,
-                      weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
-                      label_smoothing=args.label_smoothing, seed=args.seed, checkpoint_every=args.checkpoint_every)
+    tables = [sn.config.steps.get("tune", {})]
+    if args.config:
+        tables.append(load_config(args.config).steps.get("tune", {}))
+    flags = {k: getattr(args, k) for k in _TUNE_FLAGS if getattr(args, k, None) is not None}
+    if subnets is not None:
+        flags["subnets"] = subnets
+    return TuneConfig.from_settings(*tables, flags)
 
 
 def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
@@ -176,9 +186,10 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
     from autotailor.tune import Tuner
 
     sn = _load_work(args.work)
-    train, _ = load_data(args.data, seed=args.seed)
-    loader = BatchLoader(train, args.batch_size, train=True, resolution=sn.example_shape[-1], seed=args.seed)
-    tuner = Tuner(sn, loader, _tune_config(args, subnets), Path(args.work) / f"{name}.ckpt")
+    config = _tune_config(args, sn, subnets)
+    train, _ = load_data(args.data, seed=config.seed)
+    loader = BatchLoader(train, args.batch_size, train=True, resolution=sn.example_shape[-1], seed=config.seed)
+    tuner = Tuner(sn, loader, config, Path(args.work) / f"{name}.ckpt")
     if tuner.resume():
         print(f"resuming {name} at step {tuner.step}")
     started, images = time.perf_counter(), 0
@@ -204,7 +215,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    return _run_tuning(args, args.subnets, "tune")
+    return _run_tuning(args, None, "tune")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -232,18 +243,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_tuning_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
+def _add_tuning_args(p: argparse.ArgumentParser) -> None:
+    # Unset flags stay None so that the [tune] table of the config decides (see TuneConfig).
     p.add_argument("work", help="work directory written by `autotailor compile`")
     p.add_argument("--data", required=True, help="cifar10:PATH, imagefolder:PATH or digits")
-    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--config", help="TOML file whose [tune] table sets what the flags do not")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
-    p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--weight-decay", type=float, default=3e-5)
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--optimizer", choices=("sgd", "adamw"))
+    p.add_argument("--lr", type=float)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -261,12 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("train", help="train the largest SubNet (a model without trained weights)")
-    _add_tuning_args(p, steps=2000, lr=0.1)
+    _add_tuning_args(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("tune", help="fine-tune the SuperNet so that every SubNet stays accurate")
-    _add_tuning_args(p, steps=2000, lr=0.05)
-    p.add_argument("--subnets", type=int, default=4, help="SubNets per step (largest, smallest, random)")
+    _add_tuning_args(p)
+    p.add_argument("--subnets", type=int, help="SubNets per step: the largest, the smallest, random ones (4)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("evaluate", help="accuracy of one SubNet, with BatchNorm recalibrated for it")

@@ -13,6 +13,9 @@ width_ratio = [0.5, 0.75, 1.0]        # channels a stage's blocks share (the res
 [var.block_vars]
 BottleneckBlock.expand_ratio = [0.25, 0.5, 0.75, 1.0]
 InvertedResidualBlock.kernel_size = [3, 5, 7]
+[tune]                                # settings of `autotailor tune` (see TuneConfig)
+steps = 2000
+lr = 0.05
 ```
 A list with a single value (``[1.0]``, ``[0]``) switches a modification off.
 """
@@ -30,6 +33,7 @@ from autotailor.errors import ConfigError
 DEFAULT_STAGE_WIDTH = (0.5, 0.75, 1.0)
 DEFAULT_GLOBAL_WIDTH = (0.75, 1.0)
 DEFAULT_DEPTH = (-2, -1, 0)
+STEP_TABLES = ("tune",)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,8 @@ class TailorConfig:
     stage_width: tuple[float, ...] = DEFAULT_STAGE_WIDTH
     reduce_depth: tuple[int, ...] = DEFAULT_DEPTH
     block_vars: dict[str, dict[str, tuple]] = field(default_factory=dict)
+    # Later steps' tables ([tune], ...), kept as written; each step validates its own.
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def block_choices(self, template: str, variable: str) -> tuple:
         """Choices of ``variable`` for blocks of ``template``: configured, else the template's default."""
@@ -59,6 +65,7 @@ class TailorConfig:
             "stage_width": list(self.stage_width),
             "reduce_depth": list(self.reduce_depth),
             "block_vars": {t: {k: list(v) for k, v in vs.items()} for t, vs in self.block_vars.items()},
+            **self.steps,
         }
 
 
@@ -111,7 +118,11 @@ def _ratios(where: str, key: str, value: object) -> tuple[float, ...]:
 
 
 def _from_dict(data: dict, where: str) -> TailorConfig:
-    _check_keys(where, data, ("title", "arch", "var"), "")
+    _check_keys(where, data, ("title", "arch", "var", *STEP_TABLES), "")
+    steps = {k: data[k] for k in STEP_TABLES if k in data}
+    for k, table in steps.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [{k}] must be a table")
     arch = data.get("arch", {})
     var = data.get("var", {})
     if not isinstance(arch, dict) or not isinstance(var, dict):
@@ -166,4 +177,5 @@ def _from_dict(data: dict, where: str) -> TailorConfig:
     title = data.get("title", "")
     if not isinstance(title, str):
         raise _allowed(where, "title", title, "a string")
-    return TailorConfig(title=title, blocks=blocks, resolution=resolution, block_vars=block_vars, **kwargs)
+    return TailorConfig(title=title, blocks=blocks, resolution=resolution, block_vars=block_vars, steps=steps,
+                        **kwargs)

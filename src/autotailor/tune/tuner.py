@@ -48,6 +48,24 @@ class TuneConfig:
     seed: int = 0
     checkpoint_every: int = 100
 
+    @classmethod
+    def from_settings(cls, *tables: dict[str, object]) -> "TuneConfig":
+        """Settings merged from ``tables``, later ones winning (config file, then command line);
+        an unknown key or a value of the wrong type names the key and what is allowed."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        merged: dict[str, object] = {}
+        for table in tables:
+            for key, value in table.items():
+                if key not in fields:
+                    raise AutoTailorError(f"unknown tune setting {key!r}; allowed: {', '.join(fields)}")
+                kind = type(getattr(cls(), key))
+                if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                    value = float(value)
+                if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                    raise AutoTailorError(f"tune.{key} = {value!r} is not allowed; expected a {kind.__name__}")
+                merged[key] = value
+        return cls(**merged)
+
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise AutoTailorError(f"tune.optimizer = {self.optimizer!r} is not allowed; expected one of {OPTIMIZERS}")
