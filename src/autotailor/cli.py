@@ -185,6 +185,7 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
     from autotailor.data import BatchLoader, load_data
     from autotailor.tune import Tuner
 
+    rank = _init_distributed()
     sn = _load_work(args.work)
     config = _tune_config(args, sn, subnets)
     train, _ = load_data(args.data, seed=config.seed)
@@ -196,7 +197,7 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
     columns = (TextColumn(f"{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[ips]:.0f} img/s"),
                TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=args.quiet) as progress:
+    with Progress(*columns, disable=args.quiet or rank != 0) as progress:
         task = progress.add_task(name, total=tuner.config.steps, completed=tuner.step, loss=float("nan"), ips=0.0)
 
         def on_step(result) -> None:
@@ -205,9 +206,21 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
             progress.update(task, advance=1, loss=result.loss, ips=images / (time.perf_counter() - started))
 
         tuner.run(on_step)
-    sn.save(Path(args.work) / "supernet.pt")
-    print(f"{name}: {tuner.step} steps; weights in {args.work}/supernet.pt")
+    if rank == 0:
+        sn.save(Path(args.work) / "supernet.pt")
+        print(f"{name}: {tuner.step} steps on {tuner.world} process(es); weights in {args.work}/supernet.pt")
     return 0
+
+
+def _init_distributed() -> int:
+    """Join the process group that ``torchrun`` describes in the environment; this process's rank."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -6,6 +6,13 @@ the largest's detached predictions (in-place distillation). Their gradients accu
 one optimiser step. Everything random in a step (the SubNets, the batch and its augmentation,
 dropout) is a function of the seed and the step number, so a run resumed from a checkpoint
 continues exactly as an uninterrupted one.
+
+Under ``torchrun`` (an initialised ``torch.distributed`` process group: gloo on CPUs, nccl
+on GPUs) every process takes its share of the same global batch and the same SubNets, and the
+accumulated gradients are averaged across processes with one all-reduce per step, as
+DistributedDataParallel does; DDP's own hooks assume one forward per backward, which K
+SubNets per step are not. BatchNorm running statistics are averaged too, and only the first
+process writes checkpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from autotailor.data.loader import BatchLoader, at_resolution
@@ -96,6 +104,12 @@ class Tuner:
             self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        if self.distributed:  # start from rank 0's weights, as DDP does
+            for t in (*sn.parameters(), *sn.buffers()):
+                dist.broadcast(t.data, 0)
 
     def _lr_factor(self, step: int) -> float:
         c = self.config
@@ -114,6 +128,8 @@ class Tuner:
     def train_step(self, step: int) -> StepResult:
         epoch, i = divmod(step, len(self.loader))
         x, y = self.loader.batch(epoch, i)
+        if self.distributed:  # this process's share of the global batch
+            x, y = x.chunk(self.world)[self.rank], y.chunk(self.world)[self.rank]
         self.sn.train()
         self.optimizer.zero_grad(set_to_none=True)
         archs = self.sample(step)
@@ -132,10 +148,35 @@ class Tuner:
                     loss = -(teacher * out.log_softmax(1)).sum(1).mean()
                 (loss / len(archs)).backward()
                 total += float(loss.detach()) / len(archs)
+        if self.distributed:
+            total = self._average_across_processes(total)
         self.optimizer.step()
         self.schedule.step()
         self.sn.set_arch(self.sn.space.max())
         return StepResult(step, total, len(y) * len(archs))
+
+    def _average_across_processes(self, loss: float) -> float:
+        """Average gradients (one flat all-reduce), BatchNorm statistics and the loss."""
+        # Every process ran the same SubNets, so the parameters without a gradient (in blocks
+        # they all dropped) are the same everywhere and stay untouched, as in one process.
+        params = [p for p in self.sn.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [torch.tensor([loss])])
+        dist.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        stats = [b for b in self.sn.buffers() if b.is_floating_point()]
+        if stats:
+            flat_stats = torch.cat([b.reshape(-1) for b in stats])
+            dist.all_reduce(flat_stats)
+            flat_stats /= self.world
+            offset = 0
+            for b in stats:
+                b.copy_(flat_stats[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+        return float(flat[-1])
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state(self) -> dict:
@@ -146,6 +187,10 @@ class Tuner:
         """Write a checkpoint atomically: a crash during the write keeps the previous one."""
         if self.checkpoint is None:
             return
+        if self.distributed:
+            dist.barrier()  # every process has finished the step
+            if self.rank != 0:
+                return
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.checkpoint.parent, prefix=self.checkpoint.name, suffix=".tmp")
         os.close(fd)
