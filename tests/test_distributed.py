@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_two_processes_match_one(tmp_path) -> None:
     script = tmp_path / "run.py"
-    script.write_text(SCRIPT.format(tests=str(__import__("pathlib").Path(__file__).parent)))
+    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent)))
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     subprocess.run([sys.executable, str(script), str(one)], check=True, timeout=600)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -1,0 +1,1 @@
+"""Predictors: latency (lookup tables of profiled kernels) and, later, accuracy."""
