@@ -17,8 +17,6 @@ import torch
 
 from autotailor.errors import AutoTailorError
 
-log = logging.getLogger("autotailor")
-
 
 def _summary(sn) -> dict[str, Any]:
     from collections import Counter
@@ -48,16 +46,17 @@ def _print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    templates: dict[str, list[int]] = {}
+    counts: dict[str, list[int]] = {}  # template -> [blocks, droppable blocks]
     for b in summary["blocks"]:
-        templates.setdefault(b["template"] or "(none)", []).append(b["index"])
+        c = counts.setdefault(b["template"] or "(none)", [0, 0])
+        c[0] += 1
+        c[1] += b["droppable"]
     table = Table(title=f"SuperNet of {summary['source']}")
     table.add_column("template")
     table.add_column("blocks", justify="right")
     table.add_column("droppable", justify="right")
-    for name, idx in templates.items():
-        drop = sum(1 for b in summary["blocks"] if b["template"] == (name if name != "(none)" else "") and b["droppable"])
-        table.add_row(name, str(len(idx)), str(drop))
+    for name, (blocks, droppable) in counts.items():
+        table.add_row(name, str(blocks), str(droppable))
     console.print(table)
     stages = summary["stages"]
     console.print(f"stages: {len(stages)} (blocks per stage: {[len(s) for s in stages]})")

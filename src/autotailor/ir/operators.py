@@ -53,7 +53,8 @@ class Operator(nn.Module):
     # Channel groups (names) the operator's input / output channels belong to; set by the compiler.
     in_group: str | None
     out_group: str | None
-    spec_fields: ClassVar[tuple[str, ...]] = ()
+    # The feature fields that the input and the output channel group set.
+    group_fields: ClassVar[tuple[str, str]]
 
     @classmethod
     def from_module(cls, module: nn.Module) -> "Operator":
@@ -96,6 +97,8 @@ class ConvSpec:
 @register(nn.Conv2d)
 class DynConv2d(Operator, nn.Conv2d):
     """Conv2d with sliceable in/out channels (groups follow the input) and centre-cropped square kernels."""
+
+    group_fields = ("in_channels", "out_channels")
 
     def _meta_spec(self) -> ConvSpec:
         return ConvSpec(self.in_channels, self.out_channels, self.kernel_size[0], self.groups)
@@ -168,6 +171,8 @@ class NormSpec:
 class DynBatchNorm2d(Operator, nn.BatchNorm2d):
     """BatchNorm2d over the first ``num_features`` channels; running statistics are shared slices."""
 
+    group_fields = ("num_features", "num_features")
+
     def _meta_spec(self) -> NormSpec:
         return NormSpec(self.num_features)
 
@@ -218,6 +223,8 @@ class LinearSpec:
 class DynLinear(Operator, nn.Linear):
     """Linear with sliceable input and output features."""
 
+    group_fields = ("in_features", "out_features")
+
     def _meta_spec(self) -> LinearSpec:
         return LinearSpec(self.in_features, self.out_features)
 
@@ -244,6 +251,8 @@ class DynLinear(Operator, nn.Linear):
 @register(nn.LayerNorm)
 class DynLayerNorm(Operator, nn.LayerNorm):
     """LayerNorm over the last dimension, normalising its first ``num_features`` entries."""
+
+    group_fields = ("num_features", "num_features")
 
     def _meta_spec(self) -> NormSpec:
         return NormSpec(self.normalized_shape[-1])
@@ -275,6 +284,8 @@ class ParamSpec:
 
 class DynParam(Operator):
     """A parameter (e.g. a layer scale) used elementwise with a channel group; sliced along ``axis``."""
+
+    group_fields = ("size", "size")
 
     def __init__(self, value: torch.Tensor, axis: int):
         super().__init__()

@@ -21,15 +21,6 @@ from autotailor.supernet.space import Arch, Space
 
 _FORMAT = "autotailor-supernet/1"
 
-# Which field of each operator's feature a channel group sets (input side, output side).
-_FIELDS = {
-    "ConvSpec": ("in_channels", "out_channels"),
-    "LinearSpec": ("in_features", "out_features"),
-    "NormSpec": ("num_features", "num_features"),
-    "ParamSpec": ("size", "size"),
-}
-
-
 class SuperNet(nn.Module):
     """A compiled model whose SubNets share its weights.
 
@@ -80,8 +71,7 @@ class SuperNet(nn.Module):
             elif var.kind == "kernel":
                 kernels[var.name] = value
         for _, op in self.operators():
-            spec = type(op.feature.meta).__name__
-            in_field, out_field = _FIELDS[spec]
+            in_field, out_field = op.group_fields
             changes: dict[str, int] = {}
             if op.in_group is not None:
                 changes[in_field] = group_width.get(op.in_group, getattr(op.feature.meta, in_field))
