@@ -10,6 +10,18 @@ from autotailor.errors import GraphError
 from autotailor.ir.shapes import run_meta
 
 
+def get_attr(root: torch.nn.Module, target: str) -> object:
+    """The attribute at dotted path ``target`` (``layer1.0.conv1.weight``) below ``root``."""
+    owner, _, name = target.rpartition(".")
+    return getattr(root.get_submodule(owner) if owner else root, name)
+
+
+def set_attr(root: torch.nn.Module, target: str, value: object) -> None:
+    """Set the attribute at dotted path ``target`` below ``root`` (a module, a parameter, ...)."""
+    owner, _, name = target.rpartition(".")
+    setattr(root.get_submodule(owner) if owner else root, name, value)
+
+
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:
     """Every node among ``node``'s arguments, nested lists and dicts included."""
     found: list[fx.Node] = []

@@ -12,13 +12,14 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autotailor.compiler.channels import ChannelGroup, Member
+from autotailor.compiler.graph_utils import get_attr
 
 
 def _member_tensors(gm: fx.GraphModule, nodes: dict[str, fx.Node], m: Member) -> list[tuple[torch.Tensor, int]]:
     """(tensor, axis) pairs that index the group's channels for member ``m``."""
     node = nodes[m.node]
     if m.role == "param":
-        return [(_attr(gm, node.target), m.axis)]
+        return [(get_attr(gm, node.target), m.axis)]
     mod = gm.get_submodule(node.target)
     out: list[tuple[torch.Tensor, int]] = []
     if isinstance(mod, (nn.Conv2d, nn.Linear)):
@@ -35,10 +36,6 @@ def _member_tensors(gm: fx.GraphModule, nodes: dict[str, fx.Node], m: Member) ->
                 out.append((t, 0))
     return out
 
-
-def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name)
 
 
 def importance_order(gm: fx.GraphModule, group: ChannelGroup) -> torch.Tensor:

@@ -18,6 +18,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from autotailor.compiler.graph_utils import get_attr, set_attr
+
 # A builder returns the layer, or None when the call is not one it can express. Weights must be
 # nn.Parameter objects (checked here); running statistics may be plain buffers.
 Builder = Callable[[dict[str, object], dict[str, torch.Tensor]], nn.Module | None]
@@ -91,7 +93,7 @@ def _onnx_matmul(gm: fx.GraphModule, node: fx.Node) -> tuple[nn.Module, fx.Node,
     x, w = node.args
     if not (isinstance(w, fx.Node) and w.op == "get_attr" and len(w.users) == 1):
         return None
-    value = _attr(gm, w.target)
+    value = get_attr(gm, w.target)
     if not (isinstance(value, torch.Tensor) and value.dim() == 2 and value.is_floating_point()):
         return None
     lin = nn.Linear(value.shape[0], value.shape[1], bias=False, device="meta")
@@ -110,11 +112,6 @@ def _module_builders() -> dict[type, Callable[[fx.GraphModule, fx.Node], object]
 _MODULE_BUILDERS = _module_builders()
 
 
-def _attr(gm: nn.Module, target: str) -> object:
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name)
-
-
 def lift_functional_layers(gm: fx.GraphModule) -> int:
     """Rewrite registered functional calls into module calls, in place. Returns how many."""
     count = 0
@@ -123,7 +120,7 @@ def lift_functional_layers(gm: fx.GraphModule) -> int:
             built = _MODULE_BUILDERS[type(gm.get_submodule(node.target))](gm, node)
             if built is not None:
                 module, x, consumed = built
-                _replace(gm, node.target, module) if "." in node.target else gm.add_module(node.target, module)
+                set_attr(gm, node.target, module)
                 node.args, node.kwargs = (x,), {}
                 for ref in consumed:
                     if not ref.users:
@@ -145,7 +142,7 @@ def lift_functional_layers(gm: fx.GraphModule) -> int:
             if not (isinstance(ref, fx.Node) and ref.op == "get_attr" and len(ref.users) == 1):
                 ok = False
                 break
-            value = _attr(gm, ref.target)
+            value = get_attr(gm, ref.target)
             if not isinstance(value, nn.Parameter) and not (name in _STATISTICS and isinstance(value, torch.Tensor)):
                 ok = False
                 break
@@ -157,7 +154,7 @@ def lift_functional_layers(gm: fx.GraphModule) -> int:
         if module is None:
             continue
         target = _module_name(gm, node, [args[n] for n in param_names if args.get(n) is not None])
-        gm.add_module(target, module) if "." not in target else _replace(gm, target, module)
+        set_attr(gm, target, module)
         refs = [args[n] for n in param_names if isinstance(args.get(n), fx.Node)]
         node.op, node.target, node.args, node.kwargs = "call_module", target, (args["input"],), {}
         for ref in refs:
@@ -184,7 +181,3 @@ def _module_name(gm: fx.GraphModule, node: fx.Node, refs: list[fx.Node]) -> str:
     name = f"lifted_{node.name}"
     return name
 
-
-def _replace(gm: nn.Module, target: str, module: nn.Module) -> None:
-    owner, _, name = target.rpartition(".")
-    setattr(gm.get_submodule(owner), name, module)

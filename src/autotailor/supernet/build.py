@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from autotailor.compiler.channels import ChannelGroup, analyse_channels
 from autotailor.compiler.config import TailorConfig, load_config
-from autotailor.compiler.graph_utils import node_shape, propagate_shapes, runs_at
+from autotailor.compiler.graph_utils import get_attr, node_shape, propagate_shapes, runs_at, set_attr
 from autotailor.compiler.importance import reorder_channels
 from autotailor.compiler.normalize import lift_functional_layers
 from autotailor.compiler.structure import BlockInfo, Structure, parse_structure
@@ -298,16 +298,6 @@ def _croppable_depthwise(conv: object) -> bool:
     return all(p == (k[0] // 2) * d for p, d in zip(conv.padding, conv.dilation))
 
 
-def _set_submodule(gm: nn.Module, target: str, module: nn.Module) -> None:
-    owner, _, name = target.rpartition(".")
-    setattr(gm.get_submodule(owner) if owner else gm, name, module)
-
-
-def _attr(gm: nn.Module, target: str) -> torch.Tensor:
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name)
-
-
 def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
     """Replace the operators that a variable touches by dynamic operators, in place.
 
@@ -327,7 +317,7 @@ def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
             if type(mod) not in dyn_types:
                 raise GraphError(f"{name}: {type(mod).__name__} has a channel rule but no dynamic operator")
             op = lift_module(mod)
-            _set_submodule(gm, node.target, op)
+            set_attr(gm, node.target, op)
         else:
             raise GraphError(f"{name}: cannot lift {node.op} {node.target}")
         lifted[name] = op
@@ -341,7 +331,7 @@ def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
             node = nodes[m.node]
             if m.role == "param":
                 target = f"lifted_{node.name}"
-                op = DynParam(_attr(gm, node.target), m.axis)
+                op = DynParam(get_attr(gm, node.target), m.axis)
                 owner, _, attr = node.target.rpartition(".")
                 delattr(gm.get_submodule(owner) if owner else gm, attr)
                 gm.add_module(target, op)

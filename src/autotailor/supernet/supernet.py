@@ -14,6 +14,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autotailor.compiler.config import TailorConfig
+from autotailor.compiler.graph_utils import get_attr
 from autotailor.errors import ArchError, AutoTailorError
 from autotailor.ir import Block, DynParam, Operator
 from autotailor.ir.shapes import deduce_shapes
@@ -190,7 +191,7 @@ def _emit(gm: fx.GraphModule, graph: fx.Graph, root: nn.Module, entry: fx.Node |
             return fx.node.map_arg(node.args[0], lambda n: env[n])
         elif node.op == "get_attr":
             name = unique(node.target)
-            value = _attr(gm, node.target)
+            value = get_attr(gm, node.target)
             if isinstance(value, nn.Parameter):
                 root.register_parameter(name, nn.Parameter(value.detach().clone(), value.requires_grad))
             elif isinstance(value, torch.Tensor):
@@ -222,7 +223,3 @@ def _emit(gm: fx.GraphModule, graph: fx.Graph, root: nn.Module, entry: fx.Node |
             env[node] = graph.create_node(node.op, node.target, args, kwargs, name=node.name)
     raise ArchError("graph without output")  # pragma: no cover
 
-
-def _attr(gm: nn.Module, target: str) -> Any:
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name)
