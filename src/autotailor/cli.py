@@ -193,6 +193,8 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
     if tuner.resume():
         print(f"resuming {name} at step {tuner.step}")
     started, images = time.perf_counter(), 0
+    log_path = Path(args.work) / f"{name}.log.jsonl"  # one line per step: the loss curve and throughput
+    last = [time.perf_counter(), time.process_time()]
     columns = (TextColumn(f"{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[ips]:.0f} img/s"),
                TimeElapsedColumn(), TimeRemainingColumn())
@@ -201,8 +203,15 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
 
         def on_step(result) -> None:
             nonlocal images
+            now = [time.perf_counter(), time.process_time()]
             images += result.images
-            progress.update(task, advance=1, loss=result.loss, ips=images / (time.perf_counter() - started))
+            progress.update(task, advance=1, loss=result.loss, ips=images / (now[0] - started))
+            if rank == 0:
+                record = {"step": result.step, "loss": result.loss, "images": result.images * tuner.world,
+                          "seconds": now[0] - last[0], "cpu_seconds": now[1] - last[1], "processes": tuner.world}
+                with log_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            last[:] = now
 
         tuner.run(on_step)
     if rank == 0:
