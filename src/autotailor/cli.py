@@ -244,9 +244,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from autotailor.tune import evaluate
 
     sn = _load_work(args.work)
-    arch = sn.space.max() if args.arch in (None, "max") else (
-        sn.space.min() if args.arch == "min" else json.loads(Path(args.arch).read_text()))
-    arch = sn.space.complete(arch)
+    arch = sn.space.complete(_read_arch(sn, args.arch))
     train, val = load_data(args.data, seed=args.seed)
     resolution = sn.input_shape(arch)[-1]
     val_batches = list(BatchLoader(val, args.batch_size, train=False, resolution=resolution))
@@ -262,6 +260,81 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
           f"accuracy {result['accuracy']:.4f} (without BN recalibration {result['accuracy_without_recalibration']:.4f})"
           f" on {result['validation_images']} images")
     return 0
+
+
+def _latency_setup(args: argparse.Namespace):
+    """The work directory's SuperNet, the kernel plan for the device's backend, its LUT and target."""
+    import socket
+
+    from autotailor.predict.latency import KernelPlan, LutStore, Target, make_backend, parse_device
+
+    sn = _load_work(args.work)
+    name, settings = parse_device(args.device)
+    backend = make_backend(name, **settings)
+    plan = KernelPlan(sn, name, args.granularity)
+    target = Target.of(args.device_name or socket.gethostname(), name, **backend.settings)
+    store = LutStore(args.lut or Path(args.work) / "latency.sqlite")
+    return sn, plan, backend, store, target
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from autotailor.predict.latency import profile
+
+    _, plan, backend, store, target = _latency_setup(args)
+    with store:
+        before = store.count(target)
+        print(f"{len(plan.kernels)} unique kernels ({args.granularity}, {len(plan.groups)} kernel groups) "
+              f"enumerated in {plan.seconds:.2f} s; {before} already in {store.path} for {target}")
+        columns = (TextColumn("profile"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), TimeRemainingColumn())
+        with Progress(*columns, disable=args.quiet) as progress:
+            task = progress.add_task("profile", total=None)
+            report = profile(plan, backend, store, target,
+                             lambda done, total: progress.update(task, completed=done, total=total))
+        print(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
+              f"{store.count(target)} entries for {target}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from autotailor.predict.latency import CostModel, LatencyPredictor
+
+    sn, plan, _, store, target = _latency_setup(args)
+    arch = sn.space.complete(_read_arch(sn, args.arch))
+    with store:
+        try:
+            latency = LatencyPredictor.from_store(plan, store, target).predict(arch)
+        except AutoTailorError as exc:
+            raise AutoTailorError(f"{exc}: autotailor profile {args.work} --device {args.device}") from exc
+    costs = CostModel(plan).costs(arch)
+    result = {"target": str(target), "latency_ms": round(latency, 4), "macs": costs.macs, "params": costs.params,
+              "peak_activation_bytes": costs.peak_activation_bytes, "memory_bytes": costs.memory_bytes}
+    print(json.dumps(result, indent=1) if args.json else
+          f"{latency:.3f} ms on {target}; {costs.macs / 1e6:.1f} M MACs, {costs.params / 1e6:.2f} M params, "
+          f"memory {costs.memory_bytes / 2**20:.1f} MiB (peak activations {costs.peak_activation_bytes / 2**20:.1f} MiB)")
+    return 0
+
+
+def _read_arch(sn, spec: str | None):
+    if spec in (None, "max"):
+        return sn.space.max()
+    if spec == "min":
+        return sn.space.min()
+    path = Path(spec)
+    if not path.is_file():
+        raise AutoTailorError(f"--arch {spec!r} is neither max, min nor an arch JSON file")
+    return json.loads(path.read_text())
+
+
+def _add_latency_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("work", help="work directory written by `autotailor compile`")
+    p.add_argument("--device", default="ort-cpu:threads=1",
+                   help="BACKEND[:KEY=VALUE,...]: ort-cpu (threads, optimization, flush_mb) or torch (threads)")
+    p.add_argument("--device-name", help="name of this machine in the LUT (default: the host name)")
+    p.add_argument("--lut", help="latency table (SQLite; default WORK/latency.sqlite)")
+    p.add_argument("--granularity", default="fused", choices=("operator", "fused", "block"))
 
 
 def _add_tuning_args(p: argparse.ArgumentParser) -> None:
@@ -312,6 +385,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("profile", help="measure the unique kernels of the space on this device (resumable)")
+    _add_latency_args(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("predict", help="predicted latency, MACs, parameters and memory of one SubNet")
+    _add_latency_args(p)
+    p.add_argument("--arch", default="max", help="arch JSON file, or max / min")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("demo", help="run the pipeline on an embedded default, offline")
     p.add_argument("--model", default="torchvision:mobilenet_v3_large")

@@ -8,11 +8,14 @@ the runtime, which the predictor accounts for once per model rather than once pe
 
 from __future__ import annotations
 
+import bisect
+import io
+import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -37,7 +40,43 @@ def make_backend(name: str, **settings: object) -> "Backend":
     """The backend ``name`` (``ort-cpu``, ``torch``) with its settings (e.g. ``threads=1``)."""
     if name not in _BACKENDS:
         raise AutoTailorError(f"unknown backend {name!r}; available: {', '.join(sorted(_BACKENDS))}")
-    return _BACKENDS[name](**settings)
+    try:
+        return _BACKENDS[name](**settings)
+    except TypeError as exc:
+        raise AutoTailorError(f"backend {name!r} does not take these settings {settings}: {exc}") from exc
+
+
+def parse_device(spec: str) -> tuple[str, dict[str, object]]:
+    """``ort-cpu:threads=1,optimization=all`` -> ``("ort-cpu", {"threads": 1, "optimization": "all"})``."""
+    name, _, rest = spec.partition(":")
+    settings: dict[str, object] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise AutoTailorError(f"device setting {item!r} in {spec!r} is not KEY=VALUE (e.g. ort-cpu:threads=1)")
+        settings[key.strip().replace("-", "_")] = _setting_value(value.strip())
+    return name, settings
+
+
+def _setting_value(text: str) -> object:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+Shape = tuple[int, ...]
+
+
+def _shapes(input_shape: Shape | Sequence[Shape]) -> list[Shape]:
+    """One input shape, or a list of them (a kernel with a residual input has two)."""
+    if len(input_shape) and isinstance(input_shape[0], int):
+        return [tuple(input_shape)]
+    return [tuple(s) for s in input_shape]
 
 
 def _summary(times_ms: list[float]) -> Measurement:
@@ -46,25 +85,47 @@ def _summary(times_ms: list[float]) -> Measurement:
     return Measurement(med, mad, len(times_ms), time.time())
 
 
+def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: float) -> list[float]:
+    """Warm up, then time up to ``repeats`` calls, fewer (but at least 5) when one call is
+    long enough that ``repeats`` would exceed ``budget_s``: slow kernels are stable anyway."""
+    for _ in range(warmup):
+        run()
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < repeats and (len(times) < 5 or time.perf_counter() < deadline):
+        t = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
 class Backend:
     name: ClassVar[str] = ""
 
-    def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50):
+    def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5):
         if threads < 1 or warmup < 0 or repeats < 1:
             raise AutoTailorError("threads and repeats must be >= 1 and warmup >= 0")
-        self.threads, self.warmup, self.repeats = threads, warmup, repeats
+        self.threads, self.warmup, self.repeats, self.budget_s = threads, warmup, repeats, budget_s
 
     @property
     def settings(self) -> dict[str, object]:
         """What makes measurements comparable: part of the LUT key."""
         return {"threads": self.threads}
 
-    def measure(self, module: nn.Module, input_shape: tuple[int, ...]) -> Measurement:  # pragma: no cover
+    def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
+        """The time (ms) ``module`` takes when it runs inside a model, on inputs of ``input_shape``
+        (one shape or a list). By default the wall time of calling it as a model of its own."""
+        return _summary(_time_calls(self.prepare(module, _shapes(input_shape)), self.warmup, self.repeats,
+                                    self.budget_s))
+
+    def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:  # pragma: no cover
+        """A function that runs ``module`` once on the runtime (loading it is not timed)."""
         raise NotImplementedError
 
     def overhead(self, input_shape: tuple[int, ...] = (1, 1)) -> Measurement:
-        """The cost of calling the runtime with a kernel that does (almost) nothing."""
-        return self.measure(_Identity(), input_shape)
+        """The fixed cost of one call of a model: the wall time of a kernel that does (almost) nothing."""
+        return _summary(_time_calls(self.prepare(_Identity(), [input_shape]), self.warmup, self.repeats,
+                                    self.budget_s))
 
 
 class _Identity(nn.Module):
@@ -74,49 +135,129 @@ class _Identity(nn.Module):
 
 @backend("ort-cpu")
 class OrtCpu(Backend):
-    """ONNX Runtime, CPU execution provider, ``threads`` intra-op threads, full graph optimisation."""
+    """ONNX Runtime, CPU execution provider, ``threads`` intra-op threads, graph optimisation
+    level ``optimization``: ``extended`` (default) or ``all``, which adds the NCHWc layout
+    transformation; deployed models must run with the same level as their kernels were profiled."""
 
-    def measure(self, module: nn.Module, input_shape: tuple[int, ...]) -> Measurement:
+    LEVELS = ("basic", "extended", "all")
+
+    def __init__(self, optimization: str = "all", flush_mb: int = 16, **kwargs: object):
+        super().__init__(**kwargs)
+        self.flush_mb = flush_mb
+        if optimization not in self.LEVELS:
+            raise AutoTailorError(f"ort-cpu optimization={optimization!r} is not allowed; expected one of {self.LEVELS}")
+        self.optimization = optimization
+
+    @property
+    def settings(self) -> dict[str, object]:
+        return {"threads": self.threads, "optimization": self.optimization, "flush_mb": self.flush_mb}
+
+    def _session(self, module: nn.Module, input_shapes: list[Shape], profiling: str | None = None):
         import onnxruntime as ort
 
-        from autotailor.deploy import export_onnx
+        opts = self.session_options()
+        if profiling is not None:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profiling
+        sess = ort.InferenceSession(_onnx_bytes(module, input_shapes), opts, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        feed = {i.name: rng.standard_normal(s).astype(np.float32) for i, s in zip(sess.get_inputs(), input_shapes)}
+        return sess, feed
 
+    def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
+        sess, feed = self._session(module, input_shapes)
+        return lambda: sess.run(None, feed)
+
+    def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
+        """The summed time of the kernel's nodes per run, from ONNX Runtime's own profiler.
+
+        A kernel alone pays for converting its input to and its output from the blocked
+        (NCHWc) layout, which a whole model does only at its ends; those reorder nodes and the
+        call overhead (see ``overhead``) are left out, so that the entry is what the kernel costs
+        inside a model."""
         with tempfile.TemporaryDirectory() as tmp:
-            path = export_onnx(module, Path(tmp) / "kernel.onnx", input_shape)
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = self.threads
-            opts.inter_op_num_threads = 1
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        x = {sess.get_inputs()[0].name: np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)}
-        for _ in range(self.warmup):
-            sess.run(None, x)
-        times = []
-        for _ in range(self.repeats):
-            t = time.perf_counter()
-            sess.run(None, x)
-            times.append((time.perf_counter() - t) * 1e3)
-        return _summary(times)
+            sess, feed = self._session(module, _shapes(input_shape), profiling=str(Path(tmp) / "kernel"))
+            run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
+            for _ in range(self.warmup):
+                run()
+            if self.flush_mb:
+                run = _after_flush(run, self.flush_mb)
+            wall = _time_calls(run, 0, self.repeats, self.budget_s)
+            events = json.loads(Path(sess.end_profiling()).read_text())
+        return _summary(_per_run_kernel_ms(events, skip=self.warmup) or wall)
+
+    def session_options(self):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = {
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self.optimization]
+        return opts
+
+
+_LAYOUT_NODES = ("ReorderInput", "ReorderOutput")
+def _after_flush(run: Callable[[], object], megabytes: int) -> Callable[[], object]:
+    """``run`` preceded by overwriting ``megabytes`` of cache: inside a whole model a kernel's
+    weights are not in the core's cache when it starts, as they are when it runs alone."""
+    scratch = np.zeros(megabytes * 2**20 // 8)
+
+    def flushed() -> object:
+        np.add(scratch, 1.0, out=scratch)
+        return run()
+
+    return flushed
+
+
+def _per_run_kernel_ms(events: list[dict], skip: int) -> list[float]:
+    """Per model run (after the first ``skip``), the summed duration of its compute nodes."""
+    runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    runs = sorted(runs)[skip:]
+    totals = [0.0] * len(runs)
+    starts = [r[0] for r in runs]
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        if e.get("args", {}).get("op_name") in _LAYOUT_NODES:
+            continue
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if i >= 0 and e["ts"] <= runs[i][1]:
+            totals[i] += e["dur"] / 1e3
+    return totals
+
+
+def _onnx_bytes(module: nn.Module, input_shapes: list[Shape]) -> bytes:
+    """``module`` as an ONNX model with static shapes (BatchNorm folded, as in a deployed SubNet)."""
+    import warnings
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), tuple(torch.zeros(s) for s in input_shapes), buf, dynamo=False,
+                          opset_version=17, input_names=[f"x{i}" for i in range(len(input_shapes))])
+    return buf.getvalue()
 
 
 @backend("torch")
 class TorchEager(Backend):
     """PyTorch eager mode on the CPU with ``threads`` intra-op threads."""
 
-    def measure(self, module: nn.Module, input_shape: tuple[int, ...]) -> Measurement:
+    def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
         module = module.eval()
-        x = torch.randn(input_shape, generator=torch.Generator().manual_seed(0))
-        previous = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            with torch.inference_mode():
-                for _ in range(self.warmup):
-                    module(x)
-                times = []
-                for _ in range(self.repeats):
-                    t = time.perf_counter()
-                    module(x)
-                    times.append((time.perf_counter() - t) * 1e3)
-        finally:
-            torch.set_num_threads(previous)
-        return _summary(times)
+        gen = torch.Generator().manual_seed(0)
+        xs = [torch.randn(s, generator=gen) for s in input_shapes]
+
+        def run() -> object:
+            previous = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            try:
+                with torch.inference_mode():
+                    return module(*xs)
+            finally:
+                torch.set_num_threads(previous)
+
+        return run

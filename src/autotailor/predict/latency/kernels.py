@@ -1,0 +1,463 @@
+"""Kernels of a SuperNet: what a runtime executes, enumerated over the whole space without
+enumerating SubNets.
+
+The SuperNet's graph is flattened (droppable blocks inlined, each node remembering its
+block) and its nodes are grouped into *kernels* by a backend's fusion rules (conv + BN +
+activation run as one kernel on every runtime here). A kernel's shapes depend only on a few
+variables: the input resolution, the width variables of the channel groups it touches and
+its own kernel-size variable. So the unique kernels of the space are found per kernel group
+over the product of those few variables' choices, and a SubNet's kernels are a lookup per
+group; blocks dropped by a depth variable simply contribute nothing, because depth only
+removes whole blocks whose input and output shapes are equal.
+
+Shapes come from TailorIR's shape deduction (meta tensors, nothing is computed): once per
+resolution and once per width choice, recording how each dimension of each node scales.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from autotailor.compiler.graph_utils import get_attr
+from autotailor.errors import AutoTailorError
+from autotailor.ir import Block, DynParam, Operator
+from autotailor.ir.shapes import run_meta
+from autotailor.supernet import Arch, SuperNet
+
+log = logging.getLogger(__name__)
+
+Shape = tuple[int, ...]
+
+
+class LatencyError(AutoTailorError):
+    """A latency prediction or profiling problem (missing LUT entries, unknown backend, ...)."""
+
+
+# -- flattened graph ---------------------------------------------------------------------------
+@dataclass
+class Node:
+    """One computation of the flattened SuperNet graph."""
+
+    name: str  # unique: block path + fx node name
+    kind: str  # canonical operation: conv2d, batchnorm2d, linear, relu, add, permute, ...
+    describe: str  # the width-independent attributes (stride, padding, dims, ...)
+    inputs: tuple[str, ...]  # producing nodes of the tensor inputs (constants excluded)
+    block: int | None  # droppable block it lives in (None: always present)
+    scope: str  # the graph it lives in: fusion never crosses a scope
+    kernel_var: str | None = None
+    kernel: int = 0  # a convolution's (largest) kernel size
+    static_params: int = 0  # parameters of a layer AutoTailor does not resize
+    const: bool = False  # a parameter / constant: no cost, inlined into the kernels that use it
+    is_param: bool = False  # a constant that is a learned parameter (counted in params)
+    fx_node: fx.Node | None = field(default=None, repr=False)
+    owner: fx.GraphModule | None = field(default=None, repr=False)
+    args_map: dict[fx.Node, str] = field(default_factory=dict, repr=False)  # fx arg -> flattened name
+
+
+_ACTIVATIONS = {
+    nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
+    nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh", nn.LeakyReLU: "leakyrelu",
+}
+
+
+def _kind_of_module(mod: nn.Module) -> str:
+    for base, name in _ACTIVATIONS.items():
+        if isinstance(mod, base):
+            return name
+    for base in (nn.Conv2d, nn.BatchNorm2d, nn.Linear, nn.LayerNorm):
+        if isinstance(mod, base):
+            return base.__name__.lower()
+    return type(mod).__name__.lower()
+
+
+def _describe_module(mod: nn.Module) -> str:
+    """Attributes that do not change with width: the shapes carry the rest."""
+    if isinstance(mod, nn.Conv2d):
+        g = mod.groups
+        groups = "1" if g == 1 else ("dw" if g == mod.in_channels else f"per{mod.in_channels // g}")
+        return (f"k{tuple(mod.kernel_size)} s{tuple(mod.stride)} p{mod.padding} d{tuple(mod.dilation)} "
+                f"g{groups} b{mod.bias is not None} {mod.padding_mode}")
+    if isinstance(mod, (nn.BatchNorm2d, nn.LayerNorm)):
+        return ""
+    if isinstance(mod, nn.Linear):
+        return f"b{mod.bias is not None}"
+    return mod.extra_repr()
+
+
+def _fn_name(target: Any) -> str:
+    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    return name.strip("_").lower()
+
+
+def _literal(value: Any) -> str:
+    return "T" if isinstance(value, fx.Node) else repr(value)
+
+
+def flatten(sn: SuperNet) -> list[Node]:
+    """The SuperNet's computations in execution order, blocks inlined."""
+    nodes: list[Node] = []
+    const_names: set[str] = set()
+
+    def walk(gm: fx.GraphModule, prefix: str, block: int | None, entry: str | None) -> str:
+        env: dict[fx.Node, str] = {}
+        for n in gm.graph.nodes:
+            name = prefix + n.name
+            if n.op == "placeholder":
+                env[n] = entry if entry is not None else name
+                if entry is None:
+                    nodes.append(Node(name, "input", "", (), None, prefix, fx_node=n, owner=gm))
+                continue
+            if n.op == "output":
+                out = n.args[0]
+                return env[out] if isinstance(out, fx.Node) else name
+            refs = [a for a in n.all_input_nodes]
+            args_map = {a: env[a] for a in refs}
+            inputs = tuple(dict.fromkeys(env[a] for a in refs if env[a] not in const_names))
+            if n.op == "call_module":
+                mod = gm.get_submodule(n.target)
+                if isinstance(mod, Block):
+                    env[n] = walk(mod.body, f"{prefix}{n.target}.body.", mod.index, env[n.args[0]])
+                    continue
+                if isinstance(mod, DynParam):
+                    const_names.add(name)
+                    env[n] = name
+                    nodes.append(Node(name, "param", "", (), block, prefix, const=True,
+                                      is_param=isinstance(mod.value, nn.Parameter), fx_node=n, owner=gm))
+                    continue
+                dynamic = isinstance(mod, Operator)
+                nodes.append(Node(
+                    name, _kind_of_module(mod), _describe_module(mod), inputs, block, prefix,
+                    kernel_var=getattr(mod, "kernel_var", None) if dynamic else None,
+                    kernel=mod.kernel_size[0] if isinstance(mod, nn.Conv2d) else 0,
+                    static_params=0 if dynamic else sum(p.numel() for p in mod.parameters()),
+                    fx_node=n, owner=gm, args_map=args_map))
+            elif n.op == "get_attr":
+                const_names.add(name)
+                nodes.append(Node(name, "const", "", (), block, prefix, const=True,
+                                  is_param=isinstance(get_attr(gm, n.target), nn.Parameter), fx_node=n, owner=gm))
+            else:
+                literals = ",".join(_literal(a) for a in n.args) + "," + ",".join(
+                    f"{k}={_literal(v)}" for k, v in n.kwargs.items())
+                nodes.append(Node(name, _fn_name(n.target), literals, inputs, block, prefix,
+                                  fx_node=n, owner=gm, args_map=args_map))
+            env[n] = name
+        raise AutoTailorError("graph without output")  # pragma: no cover
+
+    output = walk(sn.net, "", None, None)
+    nodes.append(Node("output", "output", "", (output,), None, ""))
+    return nodes
+
+
+# -- shapes as functions of the architecture ----------------------------------------------------
+class ShapeModel:
+    """Every node's output shape for any architecture, from a few shape deductions.
+
+    Spatial sizes depend on the resolution only; a channel dimension on the width variable of
+    its channel group. Deducing once per resolution and once per width choice gives, per
+    dimension, a factor for each choice; a shape is the product of the factors of the
+    architecture's choices (exact for dimensions that one variable sets, and for products of
+    such, as a flatten of channels x height x width).
+    """
+
+    def __init__(self, sn: SuperNet, nodes: list[Node]):
+        self.space = sn.space
+        self.names = [n.name for n in nodes if n.name != "output"]
+        top = sn.space.max()
+        self.resolutions = list(sn.space["resolution"].choices) if "resolution" in sn.space else [None]
+        self.base: dict[Any, dict[str, Shape]] = {}
+        for r in self.resolutions:
+            arch = dict(top) if r is None else {**top, "resolution": r}
+            self.base[r] = _deduce(sn, arch)
+        self.r_max = self.resolutions[-1]
+        ref = self.base[self.r_max]
+        # node -> width variable -> choice -> [(dim, factor)]: how the variable scales its dims
+        self.factors: dict[str, dict[str, dict[Any, list[tuple[int, float]]]]] = {name: {} for name in ref}
+        for var in sn.space.variables:
+            if var.kind != "width":
+                continue
+            for c in var.choices[:-1]:
+                probe = _deduce(sn, {**top, var.name: c})
+                for name, shape in probe.items():
+                    changed = [(d, a / b) for d, (a, b) in enumerate(zip(shape, ref[name])) if a != b]
+                    if changed:
+                        self.factors[name].setdefault(var.name, {})[c] = changed
+        sn.set_arch(top)
+        self.res_dep = {name: len({self.base[r][name] for r in self.resolutions}) > 1 for name in ref}
+
+    def shape(self, name: str, arch: Arch) -> Shape:
+        dims = list(self.base[arch.get("resolution") if self.r_max is not None else None][name])
+        for var, per_choice in self.factors[name].items():
+            for d, f in per_choice.get(arch[var], ()):
+                dims[d] *= f
+        return tuple(int(round(x)) for x in dims)
+
+    def variables(self, name: str) -> set[str]:
+        """The variables ``name``'s shape depends on."""
+        out = set(self.factors.get(name, ()))
+        if self.res_dep.get(name):
+            out.add("resolution")
+        return out
+
+
+def _deduce(sn: SuperNet, arch: Arch) -> dict[str, Shape]:
+    """Shapes of every node (flattened names) of ``arch`` with every block kept."""
+    sn.set_arch(arch)
+    for b in sn.blocks():
+        b.transform(enabled=True)
+    shapes: dict[str, Shape] = {}
+
+    def record(prefix: str, n: fx.Node, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            shapes[prefix + n.name] = tuple(value.shape)
+
+    run_meta(sn.net, torch.empty(sn.input_shape(), device="meta"), record)
+    return shapes
+
+
+# -- fusion rules ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FusionRules:
+    """How a runtime groups operators: an ``anchor`` absorbs the chain of single-consumer
+    nodes that follow it while their kinds are in ``follow`` (in that order of stages)."""
+
+    name: str
+    anchors: frozenset[str]
+    follow: tuple[frozenset[str], ...]  # absorbed in stages, each at most once
+
+
+_POINTWISE_ACTS = frozenset({"relu", "relu6", "hardtanh", "clamp", "sigmoid", "tanh", "leakyrelu", "hardsigmoid"})
+_RULES: dict[str, FusionRules] = {}
+
+
+def fusion_rules(name: str) -> FusionRules:
+    """The registered rules ``name``: ``ort-cpu``, ``ncnn``, ``torch`` or ``none`` (one kernel per operator)."""
+    if name not in _RULES:
+        raise LatencyError(f"no fusion rules named {name!r}; available: {', '.join(sorted(_RULES))}")
+    return _RULES[name]
+
+
+def register_fusion(rules: FusionRules) -> FusionRules:
+    _RULES[rules.name] = rules
+    return rules
+
+
+# ONNX Runtime: BatchNorm is folded into the convolution at export; the CPU provider fuses a
+# following activation (ConvActivationFusion) and, in its NCHWc layout, a residual add + ReLU.
+register_fusion(FusionRules("ort-cpu", frozenset({"conv2d", "linear"}), (
+    frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), _POINTWISE_ACTS | {"gelu"})))
+# NCNN (through pnnx): BatchNorm folded, activation fused into Convolution / InnerProduct.
+register_fusion(FusionRules("ncnn", frozenset({"conv2d", "linear"}), (
+    frozenset({"batchnorm2d"}), _POINTWISE_ACTS | {"hardswish", "silu", "gelu"})))
+# PyTorch eager: every operator is its own kernel.
+register_fusion(FusionRules("torch", frozenset(), ()))
+register_fusion(FusionRules("none", frozenset(), ()))
+
+GRANULARITIES = ("operator", "fused", "block")
+
+
+@dataclass
+class KernelGroup:
+    """Nodes that run as one kernel, and how its signature varies with the architecture."""
+
+    index: int
+    nodes: list[str]
+    inputs: list[str]  # external tensor inputs, in order
+    outputs: list[str]
+    block: int | None
+    variables: tuple[str, ...] = ()
+    static: str = ""  # the width-independent part of the signature
+    table: dict[tuple, int] = field(default_factory=dict)  # choices of ``variables`` -> kernel id
+
+
+def _group(nodes: list[Node], rules: FusionRules, granularity: str) -> list[list[Node]]:
+    compute = [n for n in nodes if not n.const and n.kind not in ("input", "output")]
+    consumers: dict[str, list[str]] = {}
+    for n in nodes:
+        for i in n.inputs:
+            consumers.setdefault(i, []).append(n.name)
+    by_name = {n.name: n for n in nodes}
+    groups: list[list[Node]] = []
+    taken: set[str] = set()
+    if granularity == "block":
+        blocks: dict[int, list[Node]] = {}
+        for n in compute:
+            if n.block is not None:
+                blocks.setdefault(n.block, []).append(n)
+                taken.add(n.name)
+        groups.extend(blocks.values())
+    for n in compute:
+        if n.name in taken:
+            continue
+        group = [n]
+        taken.add(n.name)
+        if granularity != "operator" and n.kind in rules.anchors:
+            stage = 0
+            while stage < len(rules.follow):
+                users = consumers.get(group[-1].name, [])
+                if len(users) != 1:
+                    break
+                nxt = by_name[users[0]]
+                if nxt.name in taken or nxt.scope != n.scope or nxt.kind not in rules.follow[stage]:
+                    stage += 1
+                    continue
+                group.append(nxt)
+                taken.add(nxt.name)
+                stage += 1
+        groups.append(group)
+    order = {n.name: i for i, n in enumerate(nodes)}
+    groups.sort(key=lambda g: order[g[0].name])
+    return groups
+
+
+@dataclass
+class Kernel:
+    """One unique kernel of the space: its signature, and one place that produces it."""
+
+    signature: str
+    group: int
+    choices: tuple
+
+
+class KernelPlan:
+    """The kernels of every SubNet of ``sn`` for one backend's fusion rules and a granularity.
+
+    ``kernels`` lists the unique kernels of the whole space; ``kernel_ids(arch)`` the kernels
+    one SubNet runs; ``build(kernel)`` a small torch module computing that kernel, to profile.
+    """
+
+    def __init__(self, sn: SuperNet, rules: str | FusionRules = "ort-cpu", granularity: str = "fused"):
+        if granularity not in GRANULARITIES:
+            raise LatencyError(f"granularity {granularity!r} is not allowed; expected one of {GRANULARITIES}")
+        started = time.perf_counter()
+        self.sn = sn
+        self.rules = rules if isinstance(rules, FusionRules) else fusion_rules(rules)
+        self.granularity = granularity
+        self.nodes = flatten(sn)
+        self.by_name = {n.name: n for n in self.nodes}
+        self.shapes = ShapeModel(sn, self.nodes)
+        self._stage_of_block = {b: (s, j, len(st.droppable)) for s, st in enumerate(sn.space.stages)
+                                for j, b in enumerate(st.droppable)}
+        self.groups: list[KernelGroup] = []
+        self.kernels: list[Kernel] = []
+        self._ids: dict[str, int] = {}
+        self._params: dict[int, list[str]] = {}  # group -> learned constants it owns (counted once)
+        owned: set[str] = set()
+        for i, members in enumerate(_group(self.nodes, self.rules, granularity)):
+            self.groups.append(self._enumerate(i, members))
+            mine = [c for c in self._consts(members) if self.by_name[c].is_param and c not in owned]
+            owned.update(mine)
+            self._params[i] = mine
+        self.seconds = time.perf_counter() - started
+        log.info("%d kernel groups, %d unique kernels in %.2f s", len(self.groups), len(self.kernels), self.seconds)
+
+    # -- enumeration ---------------------------------------------------------------------------
+    def _enumerate(self, index: int, members: list[Node]) -> KernelGroup:
+        names = {n.name for n in members}
+        inputs = list(dict.fromkeys(i for n in members for i in n.inputs if i not in names))
+        consumed_outside = {i for n in self.nodes if n.name not in names for i in n.inputs}
+        outputs = [n.name for n in members if n.name in consumed_outside] or [members[-1].name]
+        consts = self._consts(members)
+        variables: set[str] = set()
+        for name in [*inputs, *names, *consts]:
+            variables |= self.shapes.variables(name)
+        variables |= {n.kernel_var for n in members if n.kernel_var}
+        ordered = tuple(v.name for v in self.sn.space.variables if v.name in variables)
+        local = {n: i for i, n in enumerate([*inputs, *consts, *(m.name for m in members)])}
+        static = " ; ".join(
+            f"{n.kind}[{n.describe}]({','.join(str(local[i]) for i in n.inputs)})" for n in members)
+        group = KernelGroup(index, [n.name for n in members], inputs, outputs, members[0].block, ordered, static)
+        choices = [self.sn.space[v].choices for v in ordered]
+        top = self.sn.space.max()
+        for combo in itertools.product(*choices):
+            arch = {**top, **dict(zip(ordered, combo))}
+            sig = self._signature(group, members, consts, arch)
+            kid = self._ids.get(sig)
+            if kid is None:
+                kid = self._ids[sig] = len(self.kernels)
+                self.kernels.append(Kernel(sig, index, combo))
+            group.table[combo] = kid
+        return group
+
+    def _consts(self, members: list[Node]) -> list[str]:
+        return list(dict.fromkeys(a for n in members for a in n.args_map.values()
+                                  if self.by_name.get(a) is not None and self.by_name[a].const))
+
+    def _signature(self, group: KernelGroup, members: list[Node], consts: list[str], arch: Arch) -> str:
+        shape = self.shapes.shape
+        ins = ",".join(str(shape(i, arch)) for i in [*group.inputs, *consts])
+        outs = ",".join(str(shape(n.name, arch)) for n in members)
+        ks = ",".join(str(arch[n.kernel_var]) for n in members if n.kernel_var)
+        return f"{group.static} | in {ins} | out {outs}" + (f" | k {ks}" if ks else "")
+
+    def group_params(self, group: KernelGroup) -> list[str]:
+        """The learned constants (layer scales, ...) counted with ``group``'s parameters."""
+        return self._params.get(group.index, [])
+
+    # -- SubNets ---------------------------------------------------------------------------------
+    def kept(self, block: int | None, arch: Arch) -> bool:
+        if block is None or block not in self._stage_of_block:
+            return True
+        s, j, n = self._stage_of_block[block]
+        return j < n + arch.get(f"stage{s}.reduce_depth", 0)
+
+    def kernel_ids(self, arch: Arch) -> list[int]:
+        """The kernels SubNet ``arch`` runs (with repetition), in execution order."""
+        arch = self.sn.space.complete(arch)
+        return [g.table[tuple(arch[v] for v in g.variables)] for g in self.groups if self.kept(g.block, arch)]
+
+    # -- profiling -------------------------------------------------------------------------------
+    def example(self, kernel: Kernel) -> tuple[nn.Module, list[Shape]]:
+        """A standalone module computing ``kernel`` (weights copied from the SuperNet) and its input shapes."""
+        group = self.groups[kernel.group]
+        arch = {**self.sn.space.max(), **dict(zip(group.variables, kernel.choices))}
+        previous = self.sn.arch
+        self.sn.set_arch(arch)
+        try:
+            return _extract(self, group, arch), [self.shapes.shape(i, arch) for i in group.inputs]
+        finally:
+            self.sn.set_arch(previous)
+
+
+def _extract(plan: KernelPlan, group: KernelGroup, arch: Arch) -> fx.GraphModule:
+    root = nn.Module()
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    for i, name in enumerate(group.inputs):
+        env[name] = graph.placeholder(f"x{i}")
+    counter = itertools.count()
+
+    def value(name: str) -> fx.Node:
+        if name not in env:  # a constant: a copy of its active slice
+            node = plan.by_name[name]
+            target = node.fx_node.target
+            mod = node.owner.get_submodule(target) if node.kind == "param" else None
+            tensor = mod.build() if mod is not None else get_attr(node.owner, target)
+            attr = f"c{next(counter)}"
+            root.register_buffer(attr, tensor.detach().clone())
+            env[name] = graph.get_attr(attr)
+        return env[name]
+
+    for name in group.nodes:
+        node = plan.by_name[name]
+        n = node.fx_node
+        args = fx.node.map_arg(n.args, lambda a, m=node.args_map: value(m[a]))
+        kwargs = fx.node.map_arg(n.kwargs, lambda a, m=node.args_map: value(m[a]))
+        if n.op == "call_module":
+            mod = node.owner.get_submodule(n.target)
+            attr = f"m{next(counter)}"
+            root.add_module(attr, mod.build() if isinstance(mod, Operator) else copy.deepcopy(mod))
+            env[name] = graph.call_module(attr, args, kwargs)
+        else:
+            env[name] = graph.create_node(n.op, n.target, args, kwargs)
+    outs = [env[o] for o in group.outputs]
+    graph.output(outs[0] if len(outs) == 1 else tuple(outs))
+    return fx.GraphModule(root, graph).eval()

@@ -1,0 +1,179 @@
+"""Learning-free SubNet costs: latency as a sum of profiled kernels, and MACs, parameters and
+peak memory counted from the kernels' shapes.
+
+``profile`` measures the kernels of a ``KernelPlan`` that a LUT does not hold yet (each
+committed as it is measured, so an interrupted run loses nothing); ``LatencyPredictor``
+predicts a SubNet's latency as the runtime's fixed per-call overhead plus, for every kernel
+the SubNet runs, its LUT median (what the kernel costs inside a model: see the backends).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from autotailor.predict.latency.kernels import KernelPlan, LatencyError
+from autotailor.predict.latency.lut import LutStore, Target
+from autotailor.predict.latency.profilers import Backend
+from autotailor.supernet import Arch
+
+log = logging.getLogger(__name__)
+
+OVERHEAD_KERNEL = "overhead"  # the LUT entry of the runtime's per-call overhead
+BYTES_PER_VALUE = 4  # float32
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    kernels: int
+    measured: int
+    seconds: float
+
+
+def profile(plan: KernelPlan, backend: Backend, store: LutStore, target: Target,
+            on_kernel: Callable[[int, int], None] | None = None) -> ProfileReport:
+    """Measure the kernels of ``plan`` that ``store`` lacks for ``target``, and the overhead.
+
+    ``on_kernel(done, total)`` is called after each measurement (progress bars).
+    """
+    started = time.perf_counter()
+    signatures = [k.signature for k in plan.kernels]
+    missing = store.missing(target, [OVERHEAD_KERNEL, *signatures])
+    by_signature = {k.signature: k for k in plan.kernels}
+    for done, sig in enumerate(missing, 1):
+        if sig == OVERHEAD_KERNEL:
+            store.put(target, sig, backend.overhead())
+        else:
+            module, shapes = plan.example(by_signature[sig])
+            try:
+                store.put(target, sig, backend.measure(module, shapes))
+            except Exception as exc:
+                raise LatencyError(f"profiling kernel {sig!r} on {target} failed: {exc}") from exc
+        if on_kernel is not None:
+            on_kernel(done, len(missing))
+    report = ProfileReport(len(signatures) + 1, len(missing), time.perf_counter() - started)
+    log.info("profiled %d of %d kernels on %s in %.1f s", report.measured, report.kernels, target, report.seconds)
+    return report
+
+
+class LatencyPredictor:
+    """``predict(arch)``: the latency (ms) of SubNet ``arch`` on one target, from its LUT."""
+
+    def __init__(self, plan: KernelPlan, kernel_ms: list[float], overhead_ms: float):
+        self.plan = plan
+        self.overhead_ms = overhead_ms
+        self.kernel_ms = list(kernel_ms)
+        self._groups = [(g.variables, g.block, {c: self.kernel_ms[k] for c, k in g.table.items()})
+                        for g in plan.groups]
+
+    @classmethod
+    def from_store(cls, plan: KernelPlan, store: LutStore, target: Target) -> "LatencyPredictor":
+        entries = store.get(target, [OVERHEAD_KERNEL, *(k.signature for k in plan.kernels)])
+        missing = len(plan.kernels) + 1 - len(entries)
+        if missing:
+            raise LatencyError(
+                f"the LUT lacks {missing} of {len(plan.kernels) + 1} kernels for {target}; profile them first")
+        return cls(plan, [entries[k.signature].median_ms for k in plan.kernels], entries[OVERHEAD_KERNEL].median_ms)
+
+    def predict(self, arch: Arch) -> float:
+        """Predicted latency (ms) of ``arch`` (a complete architecture: see ``Space.complete``)."""
+        kept = self.plan.kept
+        total = self.overhead_ms
+        for variables, block, table in self._groups:
+            if block is None or kept(block, arch):
+                total += table[tuple(arch[v] for v in variables)]
+        return total
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Counted costs of one SubNet at batch 1."""
+
+    macs: int  # multiply-accumulates of convolutions and linear layers (the usual "FLOPs")
+    params: int
+    peak_activation_bytes: int
+
+    @property
+    def memory_bytes(self) -> int:
+        """Parameters plus the peak of live activations (float32), as the paper's section 4.4 counts it."""
+        return self.params * BYTES_PER_VALUE + self.peak_activation_bytes
+
+
+class CostModel:
+    """MACs, parameters and peak activation memory of any SubNet, from the plan's shapes."""
+
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self._kernel_costs = [self._count(k) for k in plan.kernels]
+        self._groups = [(g.variables, g.block, g.table) for g in plan.groups]
+        nodes = [n for n in plan.nodes if not n.const and n.kind != "output"]
+        position = {n.name: i for i, n in enumerate(nodes)}
+        last_use = {n.name: position[n.name] for n in nodes}
+        for n in plan.nodes:
+            for i in n.inputs:
+                if i in last_use:
+                    last_use[i] = max(last_use[i], position.get(n.name, len(nodes)))
+        # A block's output stays alive when the block is dropped (its input takes its place,
+        # with the same shape), so only tensors used inside their own block disappear.
+        escapes = {i for n in plan.nodes for i in n.inputs
+                   if i in plan.by_name and plan.by_name[i].block is not None and plan.by_name[i].block != n.block}
+        self._positions = []
+        for i, n in enumerate(nodes):
+            live = [t for t in nodes[: i + 1] if last_use[t.name] >= i]
+            self._positions.append((n.block, [(t.name, None if t.name in escapes else t.block) for t in live]))
+
+    def _count(self, kernel) -> tuple[int, int]:
+        plan = self.plan
+        group = plan.groups[kernel.group]
+        arch = {**plan.sn.space.max(), **dict(zip(group.variables, kernel.choices))}
+        macs = params = 0
+        for name in group.nodes:
+            node = plan.by_name[name]
+            out = plan.shapes.shape(name, arch)
+            ins = [plan.shapes.shape(i, arch) for i in node.inputs]
+            if node.kind == "conv2d":
+                k = arch[node.kernel_var] if node.kernel_var else node.kernel
+                groups = node.describe.split(" g", 1)[1].split(" ", 1)[0]
+                per_out = ins[0][1] if groups == "1" else (1 if groups == "dw" else int(groups[3:]))
+                macs += math.prod(out) * per_out * k * k
+                params += out[1] * per_out * k * k + (out[1] if " bTrue" in node.describe else 0)
+            elif node.kind == "linear":
+                macs += math.prod(out) * ins[0][-1]
+                params += out[-1] * ins[0][-1] + (out[-1] if node.describe == "bTrue" else 0)
+            elif node.kind == "batchnorm2d":
+                params += 2 * out[1]
+            elif node.kind == "layernorm":
+                params += 2 * out[-1]
+            params += node.static_params
+        for name in plan.group_params(group):
+            params += math.prod(plan.shapes.shape(name, arch))
+        return macs, params
+
+    def costs(self, arch: Arch) -> Costs:
+        """Counted costs of ``arch`` (a complete architecture)."""
+        kept = self.plan.kept
+        macs = params = 0
+        for variables, block, table in self._groups:
+            if block is None or kept(block, arch):
+                m, p = self._kernel_costs[table[tuple(arch[v] for v in variables)]]
+                macs += m
+                params += p
+        shape = self.plan.shapes.shape
+        sizes: dict[str, int] = {}
+        peak = 0
+        for block, live in self._positions:
+            if block is not None and not kept(block, arch):
+                continue
+            total = 0
+            for name, owner in live:
+                if owner is not None and not kept(owner, arch):
+                    continue
+                size = sizes.get(name)
+                if size is None:
+                    size = sizes[name] = math.prod(shape(name, arch))
+                total += size
+            peak = max(peak, total)
+        return Costs(macs, params, peak * BYTES_PER_VALUE)

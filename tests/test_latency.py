@@ -1,0 +1,227 @@
+"""Unique-kernel enumeration, counted costs, the latency predictor and resumable profiling."""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+from torch.fx.passes.shape_prop import ShapeProp
+
+import autotailor as at
+from autotailor.predict.latency import (
+    CostModel, KernelPlan, LatencyPredictor, LutStore, Target, make_backend, parse_device, profile,
+)
+from autotailor.predict.latency.kernels import _deduce
+
+
+@pytest.fixture(scope="module")
+def mnv3() -> at.SuperNet:
+    return at.compile(torchvision.models.mobilenet_v3_small(), torch.zeros(1, 3, 64, 64))
+
+
+@pytest.fixture(scope="module")
+def resnet() -> at.SuperNet:
+    return at.compile(torchvision.models.resnet18(), torch.zeros(1, 3, 64, 64))
+
+
+def _subnet_convs(sn: at.SuperNet, arch) -> collections.Counter:
+    """(in, out, kernel, stride, groups, input H) of every convolution the extracted SubNet runs."""
+    net = sn.extract(arch).eval()
+    ShapeProp(net).propagate(torch.zeros(sn.input_shape(arch)))
+    found = collections.Counter()
+    for n in net.graph.nodes:
+        if n.op == "call_module" and isinstance(net.get_submodule(n.target), nn.Conv2d):
+            c = net.get_submodule(n.target)
+            h = n.args[0].meta["tensor_meta"].shape[2]
+            found[(c.in_channels, c.out_channels, c.kernel_size[0], c.stride[0], c.groups, h)] += 1
+    return found
+
+
+def _plan_convs(plan: KernelPlan, arch) -> collections.Counter:
+    arch = plan.sn.space.complete(arch)
+    found = collections.Counter()
+    for g in plan.groups:
+        if not plan.kept(g.block, arch):
+            continue
+        for name in g.nodes:
+            node = plan.by_name[name]
+            if node.kind != "conv2d":
+                continue
+            cin = plan.shapes.shape(node.inputs[0], arch)
+            out = plan.shapes.shape(name, arch)
+            conv = node.owner.get_submodule(node.fx_node.target)
+            k = arch[node.kernel_var] if node.kernel_var else node.kernel
+            per_group = conv.in_channels // conv.groups
+            groups = 1 if conv.groups == 1 else cin[1] // per_group
+            found[(cin[1], out[1], k, conv.stride[0], groups, cin[2])] += 1
+    return found
+
+
+@pytest.mark.parametrize("fixture", ["mnv3", "resnet"])
+def test_kernels_of_a_subnet_are_the_convolutions_it_runs(fixture, request) -> None:
+    sn = request.getfixturevalue(fixture)
+    plan = KernelPlan(sn)
+    rng = random.Random(0)
+    for arch in [sn.space.max(), sn.space.min(), *(sn.space.sample(rng) for _ in range(4))]:
+        assert _plan_convs(plan, arch) == _subnet_convs(sn, arch)
+        ids = plan.kernel_ids(arch)
+        assert all(0 <= i < len(plan.kernels) for i in ids)
+    # Every SubNet's kernels are among the enumerated ones, and the space needs each of them.
+    used = {i for _ in range(200) for i in plan.kernel_ids(sn.space.sample(rng))}
+    assert len(used) > 0.5 * len(plan.kernels)
+
+
+def test_shapes_follow_the_architecture_exactly(mnv3) -> None:
+    plan = KernelPlan(mnv3)
+    rng = random.Random(1)
+    for arch in [mnv3.space.min(), *(mnv3.space.sample(rng) for _ in range(5))]:
+        deduced = _deduce(mnv3, arch)
+        assert {n: plan.shapes.shape(n, arch) for n in deduced} == deduced
+    mnv3.set_arch(mnv3.space.max())
+
+
+def test_granularities_group_differently(resnet) -> None:
+    op = KernelPlan(resnet, "ort-cpu", "operator")
+    fused = KernelPlan(resnet, "ort-cpu", "fused")
+    block = KernelPlan(resnet, "ort-cpu", "block")
+    compute = [n for n in fused.nodes if not n.const and n.kind not in ("input", "output")]
+    assert len(op.groups) == len(compute)
+    assert len(block.groups) < len(fused.groups) < len(op.groups)
+    kinds = [tuple(fused.by_name[n].kind for n in g.nodes) for g in fused.groups]
+    assert ("conv2d", "batchnorm2d", "relu") in kinds and ("conv2d", "batchnorm2d", "add", "relu") in kinds
+    with pytest.raises(at.AutoTailorError, match="granularity 'layer' is not allowed; expected one of"):
+        KernelPlan(resnet, "ort-cpu", "layer")
+    with pytest.raises(at.AutoTailorError, match="no fusion rules named 'tpu'; available: "):
+        KernelPlan(resnet, "tpu")
+
+
+def test_counted_costs_match_the_extracted_subnet(mnv3) -> None:
+    costs = CostModel(KernelPlan(mnv3))
+    rng = random.Random(2)
+    for arch in [mnv3.space.max(), mnv3.space.min(), mnv3.space.sample(rng)]:
+        net = mnv3.extract(arch).eval()
+        macs = 0
+
+        def hook(mod, inputs, out):
+            nonlocal macs
+            if isinstance(mod, nn.Conv2d):
+                macs += out.numel() * mod.in_channels // mod.groups * mod.kernel_size[0] * mod.kernel_size[1]
+            elif isinstance(mod, nn.Linear):
+                macs += out.numel() * mod.in_features
+
+        handles = [m.register_forward_hook(hook) for m in net.modules()]
+        with torch.no_grad():
+            net(torch.zeros(mnv3.input_shape(arch)))
+        for h in handles:
+            h.remove()
+        c = costs.costs(mnv3.space.complete(arch))
+        assert c.params == sum(p.numel() for p in net.parameters())
+        assert c.macs == macs
+        assert c.memory_bytes == 4 * c.params + c.peak_activation_bytes
+
+
+def test_peak_activation_memory_of_a_chain_and_a_residual() -> None:
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 8, 3, padding=1)
+            self.b = nn.Conv2d(8, 8, 3, padding=1)
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.a(x)
+            z = self.b(y) + y  # y stays alive while b runs: input 3x16x16 gone, y and b's output live
+            return self.head(z.mean((2, 3)))
+
+    static = {"var": {"global_vars": {"resolution": [16], "width_ratio": [1.0]}}}
+    sn = at.compile(Net(), torch.zeros(1, 3, 16, 16), config=static)
+    c = CostModel(KernelPlan(sn)).costs(sn.space.max())
+    # Live at the add: y, b(y) and the add's output, 8x16x16 floats each.
+    assert c.peak_activation_bytes == 3 * 8 * 16 * 16 * 4
+
+
+def test_profile_then_predict_sums_the_lut(tmp_path, resnet) -> None:
+    plan = KernelPlan(resnet, "torch")
+    backend = make_backend("torch", threads=1, warmup=1, repeats=3, budget_s=0.01)
+    target = Target.of("test", "torch", **backend.settings)
+    with LutStore(tmp_path / "lut.sqlite") as store:
+        with pytest.raises(at.AutoTailorError, match=f"the LUT lacks {len(plan.kernels) + 1} of"):
+            LatencyPredictor.from_store(plan, store, target)
+        seen = []
+        report = profile(plan, backend, store, target, lambda done, total: seen.append((done, total)))
+        assert report.measured == len(plan.kernels) + 1 == seen[-1][0] == seen[-1][1]
+        assert profile(plan, backend, store, target).measured == 0  # nothing is measured twice
+        predictor = LatencyPredictor.from_store(plan, store, target)
+        entries = store.get(target, [k.signature for k in plan.kernels] + ["overhead"])
+    arch = resnet.space.sample(3)
+    expected = entries["overhead"].median_ms + sum(
+        entries[plan.kernels[i].signature].median_ms for i in plan.kernel_ids(arch))
+    assert predictor.predict(resnet.space.complete(arch)) == pytest.approx(expected, rel=1e-12)
+    big, small = predictor.predict(resnet.space.max()), predictor.predict(resnet.space.min())
+    assert big > 2 * small
+
+
+def test_device_specs() -> None:
+    assert parse_device("ort-cpu:threads=2,optimization=all,flush-mb=0") == (
+        "ort-cpu", {"threads": 2, "optimization": "all", "flush_mb": 0})
+    assert parse_device("torch") == ("torch", {})
+    with pytest.raises(at.AutoTailorError, match="device setting 'threads' in 'ort-cpu:threads' is not KEY=VALUE"):
+        parse_device("ort-cpu:threads")
+    with pytest.raises(at.AutoTailorError, match="ort-cpu optimization='max' is not allowed; expected one of"):
+        make_backend("ort-cpu", optimization="max")
+    with pytest.raises(at.AutoTailorError, match="backend 'torch' does not take these settings"):
+        make_backend("torch", optimization="all")
+
+
+def test_profiling_killed_halfway_resumes_without_measuring_twice(tmp_path) -> None:
+    work = tmp_path / "work"
+    cli = [sys.executable, "-m", "autotailor.cli"]
+    subprocess.run([*cli, "compile", "torchvision:mobilenet_v3_small", "--input-size", "64", "--out", str(work)],
+                   check=True, capture_output=True)
+    profile_cmd = [*cli, "profile", str(work), "--device", "ort-cpu:threads=1,flush_mb=0", "--device-name", "t",
+                   "--quiet"]
+    proc = subprocess.Popen(profile_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lut = work / "latency.sqlite"
+    deadline = time.time() + 120
+    count = 0
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        if lut.is_file():
+            with LutStore(lut) as store:
+                targets = store.targets()
+                count = store.count(targets[0]) if targets else 0
+            if count >= 30:
+                break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert count >= 30
+    with LutStore(lut) as store:
+        target = store.targets()[0]
+        before = store.count(target)
+        first = dict(store._db.execute("SELECT kernel, measured_at FROM entries").fetchall())
+    done = subprocess.run(profile_cmd, check=True, capture_output=True, text=True).stdout
+    total = int(done.split(" unique kernels")[0]) + 1
+    assert f"{before} already in" in done
+    assert f"measured {total - before} kernels" in done
+    with LutStore(lut) as store:
+        assert store.count(target) == total
+        after = dict(store._db.execute("SELECT kernel, measured_at FROM entries").fetchall())
+    assert all(after[k] == t for k, t in first.items())  # what was measured before the kill was kept
+    out = subprocess.run([*cli, "predict", str(work), "--device", "ort-cpu:threads=1,flush_mb=0", "--device-name",
+                          "t", "--arch", "min", "--json"], check=True, capture_output=True, text=True).stdout
+    result = json.loads(out)
+    assert result["latency_ms"] > 0 and result["params"] > 0 and result["memory_bytes"] > 4 * result["params"]
+    missing = subprocess.run([*cli, "predict", str(work), "--device", "ort-cpu:threads=2", "--device-name", "t"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2
+    assert f"profile them first: autotailor profile {work} --device ort-cpu:threads=2" in missing.stderr
