@@ -22,11 +22,13 @@ from autotailor.predict.latency import (
     CostModel, KernelPlan, LatencyPredictor, LutStore, Target, make_backend, parse_device, profile,
 )
 from autotailor.predict.latency.kernels import _deduce
+from autotailor.testing import well_conditioned
 
 
 @pytest.fixture(scope="module")
 def mnv3() -> at.SuperNet:
-    return at.compile(torchvision.models.mobilenet_v3_small(), torch.zeros(1, 3, 64, 64))
+    torch.manual_seed(0)
+    return at.compile(well_conditioned(torchvision.models.mobilenet_v3_small()), torch.zeros(1, 3, 64, 64))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ def test_granularities_group_differently(resnet) -> None:
     op = KernelPlan(resnet, "ort-cpu", "operator")
     fused = KernelPlan(resnet, "ort-cpu", "fused")
     block = KernelPlan(resnet, "ort-cpu", "block")
-    compute = [n for n in fused.nodes if not n.const and n.kind not in ("input", "output")]
+    compute = [n for n in fused.nodes if not n.const and n.kind not in ("input", "output", "dropout")]
     assert len(op.groups) == len(compute)
     assert len(block.groups) < len(fused.groups) < len(op.groups)
     kinds = [tuple(fused.by_name[n].kind for n in g.nodes) for g in fused.groups]
@@ -225,3 +227,27 @@ def test_profiling_killed_halfway_resumes_without_measuring_twice(tmp_path) -> N
                              capture_output=True, text=True)
     assert missing.returncode == 2
     assert f"profile them first: autotailor profile {work} --device ort-cpu:threads=2" in missing.stderr
+
+
+@pytest.mark.parametrize("name", ["ort-cpu", "ncnn", "torch"])
+def test_backends_deploy_subnets_that_compute_the_same(name, tmp_path, mnv3) -> None:
+    from autotailor.deploy import ncnn_net, run_ncnn, run_onnx
+
+    backend = make_backend(name, threads=1, warmup=1, repeats=3)
+    arch = mnv3.space.sample(4)
+    shape = mnv3.input_shape(arch)
+    net = mnv3.extract(arch).eval()
+    path = backend.deploy(net, tmp_path / "subnet", shape)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = net(x).numpy()
+    if name == "ort-cpu":
+        out = run_onnx(path, x)
+    elif name == "ncnn":
+        out = run_ncnn(ncnn_net(path), x.numpy())
+    else:
+        out = torch.jit.load(str(path))(x).detach().numpy()
+    # NCNN picks its own convolution algorithms (Winograd, packed layouts): float32 rounding differs more.
+    assert abs(out - ref).max() <= (1e-3 if name == "ncnn" else 1e-4) * abs(ref).max()
+    m = backend.time(backend.load(path, shape))
+    assert m.repeats == 3 and m.median_ms > 0

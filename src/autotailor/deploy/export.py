@@ -74,6 +74,71 @@ def export_torchscript(net: nn.Module, path: str | Path, input_shape: tuple[int,
     return path
 
 
+def export_ncnn(net: nn.Module, path: str | Path, input_shape: tuple[int, ...] | list[tuple[int, ...]]
+                ) -> tuple[Path, Path]:
+    """Write ``net`` as an NCNN model ``PATH.param`` + ``PATH.bin`` through pnnx (TorchScript in,
+    BatchNorm and activations fused into the convolutions, fp32 weights). Inputs are named
+    ``in0, in1, ...`` and the output ``out0``, each without the batch dimension."""
+    try:
+        from pnnx import EXEC_PATH
+    except ImportError as exc:
+        raise ExportError("NCNN export needs pnnx: pip install pnnx") from exc
+    import subprocess
+
+    path = Path(path)
+    shapes = [tuple(input_shape)] if isinstance(input_shape[0], int) else [tuple(s) for s in input_shape]
+    param, weights = path.with_suffix(".param"), path.with_suffix(".bin")
+    param.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=param.parent, prefix=".pnnx-") as tmp:
+        work = Path(tmp)
+        with _exporting(net, work / "model.pt", "TorchScript") as ts:
+            torch.jit.trace(net, tuple(torch.zeros(s) for s in shapes)).save(str(ts))
+        outputs = {k: work / name for k, name in (
+            ("ncnnparam", "model.param"), ("ncnnbin", "model.bin"), ("pnnxparam", "model.pnnx.param"),
+            ("pnnxbin", "model.pnnx.bin"), ("pnnxpy", "model_pnnx.py"), ("pnnxonnx", "model.pnnx.onnx"),
+            ("ncnnpy", "model_ncnn.py"))}
+        shape_arg = ",".join("[" + ",".join(map(str, s)) + "]" for s in shapes)
+        cmd = [EXEC_PATH, str(work / "model.pt"), f"inputshape={shape_arg}", "fp16=0",
+               *(f"{k}={v}" for k, v in outputs.items())]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
+        if done.returncode != 0 or not outputs["ncnnparam"].is_file():
+            tail = "\n".join((done.stderr or done.stdout).splitlines()[-5:])
+            raise ExportError(f"pnnx could not convert the model to NCNN (exit {done.returncode}): {tail}")
+        os.replace(outputs["ncnnparam"], param)
+        os.replace(outputs["ncnnbin"], weights)
+    return param, weights
+
+
+def ncnn_net(param: str | Path, threads: int = 1):
+    """An ``ncnn.Net`` loaded from ``PATH.param`` and its ``.bin``, running on ``threads`` CPU threads."""
+    import ncnn
+
+    param = Path(param)
+    net = ncnn.Net()
+    net.opt.num_threads = threads
+    if net.load_param(str(param)) != 0 or net.load_model(str(param.with_suffix(".bin"))) != 0:
+        raise ExportError(f"NCNN could not load {param} and {param.with_suffix('.bin')}")
+    return net
+
+
+def run_ncnn(net, *inputs: np.ndarray) -> np.ndarray:
+    """Run an NCNN net (see ``ncnn_net``) on batch-1 inputs; returns the output with a batch dimension."""
+    import ncnn
+
+    names = net.input_names()
+    if len(names) != len(inputs):
+        raise ExportError(f"the NCNN model has inputs {names}, but {len(inputs)} arrays were given")
+    ex = net.create_extractor()
+    for i, x in enumerate(inputs):
+        # ncnn.Mat borrows the array's memory, and in-place layers would write into it (or into
+        # freed memory): the extractor gets its own copy.
+        ex.input(f"in{i}", ncnn.Mat(np.ascontiguousarray(x[0], dtype=np.float32)).clone())
+    ret, out = ex.extract("out0")
+    if ret != 0:
+        raise ExportError(f"NCNN failed to run the model (code {ret})")
+    return np.array(out)[None]
+
+
 def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor, threads: int = 1) -> np.ndarray:
     """Run an ONNX model on ONNX Runtime's CPU provider."""
     import onnxruntime as ort

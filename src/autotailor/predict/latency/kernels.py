@@ -256,7 +256,7 @@ register_fusion(FusionRules("ort-cpu", frozenset({"conv2d", "linear"}), (
     frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), _POINTWISE_ACTS | {"gelu"})))
 # NCNN (through pnnx): BatchNorm folded, activation fused into Convolution / InnerProduct.
 register_fusion(FusionRules("ncnn", frozenset({"conv2d", "linear"}), (
-    frozenset({"batchnorm2d"}), _POINTWISE_ACTS | {"hardswish", "silu", "gelu"})))
+    frozenset({"batchnorm2d"}), _POINTWISE_ACTS | {"hardswish"})))
 # PyTorch eager: every operator is its own kernel.
 register_fusion(FusionRules("torch", frozenset(), ()))
 register_fusion(FusionRules("none", frozenset(), ()))
@@ -278,8 +278,12 @@ class KernelGroup:
     table: dict[tuple, int] = field(default_factory=dict)  # choices of ``variables`` -> kernel id
 
 
+# Operations that do nothing at inference; converters remove them, so they cost nothing.
+_NO_OPS = frozenset({"dropout", "dropout2d", "alphadropout", "identity", "stochastic_depth"})
+
+
 def _group(nodes: list[Node], rules: FusionRules, granularity: str) -> list[list[Node]]:
-    compute = [n for n in nodes if not n.const and n.kind not in ("input", "output")]
+    compute = [n for n in nodes if not n.const and n.kind not in ("input", "output") and n.kind not in _NO_OPS]
     consumers: dict[str, list[str]] = {}
     for n in nodes:
         for i in n.inputs:

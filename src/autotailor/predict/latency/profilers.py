@@ -124,13 +124,25 @@ class Backend:
 
     def overhead(self, input_shape: tuple[int, ...] = (1, 1)) -> Measurement:
         """The fixed cost of one call of a model: the wall time of a kernel that does (almost) nothing."""
-        return _summary(_time_calls(self.prepare(_Identity(), [input_shape]), self.warmup, self.repeats,
-                                    self.budget_s))
+        return self.time(self.prepare(_Identity(), [input_shape]))
+
+    def time(self, run: Callable[[], object]) -> Measurement:
+        """Warm-up, then the median (and MAD) of timed calls of ``run``."""
+        return _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s))
+
+    # -- deployed models -----------------------------------------------------------------------
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:  # pragma: no cover
+        """Write ``net`` (an extracted SubNet) in this runtime's format at ``path`` (suffix replaced)."""
+        raise NotImplementedError
+
+    def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:  # pragma: no cover
+        """A function running the deployed model at ``path`` once on a random input, as configured."""
+        raise NotImplementedError
 
 
 class _Identity(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + 0  # a real node: an empty graph is not a model every runtime accepts
+        return torch.relu(x)  # a real node that no converter optimises away
 
 
 @backend("ort-cpu")
@@ -185,6 +197,18 @@ class OrtCpu(Backend):
             wall = _time_calls(run, 0, self.repeats, self.budget_s)
             events = json.loads(Path(sess.end_profiling()).read_text())
         return _summary(_per_run_kernel_ms(events, skip=self.warmup) or wall)
+
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+        from autotailor.deploy import export_onnx
+
+        return export_onnx(net, Path(path).with_suffix(".onnx"), input_shape)
+
+    def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), self.session_options(), providers=["CPUExecutionProvider"])
+        feed = {sess.get_inputs()[0].name: np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)}
+        return lambda: sess.run(None, feed)
 
     def session_options(self):
         import onnxruntime as ort
@@ -261,3 +285,41 @@ class TorchEager(Backend):
                 torch.set_num_threads(previous)
 
         return run
+
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+        from autotailor.deploy import export_torchscript
+
+        return export_torchscript(net, Path(path).with_suffix(".pt"), input_shape)
+
+    def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
+        return self.prepare(torch.jit.load(str(path)), [input_shape])
+
+
+@backend("ncnn")
+class Ncnn(Backend):
+    """NCNN on the CPU with ``threads`` threads; kernels and SubNets are converted by pnnx, which
+    folds BatchNorm and fuses activations into convolutions. A call creates an extractor, feeds
+    the inputs and extracts the output, as an application does."""
+
+    def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
+        from autotailor.deploy import export_ncnn
+
+        with tempfile.TemporaryDirectory() as tmp:
+            param, _ = export_ncnn(module, Path(tmp) / "kernel", input_shapes)
+            return self._runner(param, input_shapes)
+
+    def _runner(self, param: Path, input_shapes: list[Shape]) -> Callable[[], object]:
+        from autotailor.deploy import ncnn_net, run_ncnn
+
+        net = ncnn_net(param, self.threads)  # loaded into memory: the files may go
+        rng = np.random.default_rng(0)
+        xs = [rng.standard_normal(s).astype(np.float32) for s in input_shapes]
+        return lambda: run_ncnn(net, *xs)
+
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+        from autotailor.deploy import export_ncnn
+
+        return export_ncnn(net, Path(path), input_shape)[0]
+
+    def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
+        return self._runner(Path(path), [input_shape])
