@@ -245,6 +245,7 @@ def report(state: State, args: argparse.Namespace) -> None:
     results = {name: summarise(name, state.data[name]) for name in MODELS
                if state.get(name, "runs") is not None}
     doc = {"machine": machine(), "command": " ".join(["python", "benchmarks/tune_cifar10.py", *sys.argv[1:]]),
+           "note": args.note,
            "settings": {"batch": BATCH, "train_flags": TRAIN_FLAGS, "tune_flags": TUNE_FLAGS,
                         "train_epochs": args.train_epochs, "tune_epochs": args.tune_epochs,
                         "validation": "CIFAR-10 test split, 10,000 images",
@@ -256,7 +257,7 @@ def report(state: State, args: argparse.Namespace) -> None:
     lines = [
         "# Tuning on CIFAR-10", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, torchvision {m['torchvision']}. "
-        f"Command: `{doc['command']}`.", "",
+        f"Command: `{doc['command']}`.", "", *([args.note, ""] if args.note else []),
         f"Base model: `autotailor train` for {args.train_epochs} epochs ({' '.join(TRAIN_FLAGS)}, batch {BATCH}); "
         f"tuning: `autotailor tune` for {args.tune_epochs} epochs ({' '.join(TUNE_FLAGS)}). "
         "Accuracy (%) on the 10,000 test images; BN recalibrated on 2,048 training images unless 'plain'.", "",
@@ -306,6 +307,7 @@ def main() -> None:
     p.add_argument("--random", type=int, default=20)
     p.add_argument("--dist-model", default="mobilenet_v2")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--note", default="", help="how the run went (shared machine, pinned cores), for the report")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     state = State(Path(args.work) / "state.json")

@@ -55,6 +55,8 @@ class Node:
     scope: str  # the graph it lives in: fusion never crosses a scope
     kernel_var: str | None = None
     kernel: int = 0  # a convolution's (largest) kernel size
+    per_group: int = 0  # a grouped convolution's input channels per group (0: not grouped)
+    bias: bool = False
     static_params: int = 0  # parameters of a layer AutoTailor does not resize
     const: bool = False  # a parameter / constant: no cost, inlined into the kernels that use it
     is_param: bool = False  # a constant that is a learned parameter (counted in params)
@@ -138,6 +140,8 @@ def flatten(sn: SuperNet) -> list[Node]:
                     name, _kind_of_module(mod), _describe_module(mod), inputs, block, prefix,
                     kernel_var=getattr(mod, "kernel_var", None) if dynamic else None,
                     kernel=mod.kernel_size[0] if isinstance(mod, nn.Conv2d) else 0,
+                    per_group=mod.in_channels // mod.groups if isinstance(mod, nn.Conv2d) and mod.groups > 1 else 0,
+                    bias=getattr(mod, "bias", None) is not None,
                     static_params=0 if dynamic else sum(p.numel() for p in mod.parameters()),
                     fx_node=n, owner=gm, args_map=args_map))
             elif n.op == "get_attr":

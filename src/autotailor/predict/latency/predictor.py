@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from autotailor.predict.latency.kernels import KernelPlan, LatencyError
+from autotailor.predict.latency.kernels import Kernel, KernelPlan, LatencyError
 from autotailor.predict.latency.lut import LutStore, Target
 from autotailor.predict.latency.profilers import Backend
 from autotailor.supernet import Arch
@@ -107,7 +107,7 @@ class CostModel:
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan
-        self._kernel_costs = [self._count(k) for k in plan.kernels]
+        self._kernel_costs = [kernel_costs(plan, k) for k in plan.kernels]
         self._groups = [(g.variables, g.block, g.table) for g in plan.groups]
         nodes = [n for n in plan.nodes if not n.const and n.kind != "output"]
         position = {n.name: i for i, n in enumerate(nodes)}
@@ -124,33 +124,6 @@ class CostModel:
         for i, n in enumerate(nodes):
             live = [t for t in nodes[: i + 1] if last_use[t.name] >= i]
             self._positions.append((n.block, [(t.name, None if t.name in escapes else t.block) for t in live]))
-
-    def _count(self, kernel) -> tuple[int, int]:
-        plan = self.plan
-        group = plan.groups[kernel.group]
-        arch = {**plan.sn.space.max(), **dict(zip(group.variables, kernel.choices))}
-        macs = params = 0
-        for name in group.nodes:
-            node = plan.by_name[name]
-            out = plan.shapes.shape(name, arch)
-            ins = [plan.shapes.shape(i, arch) for i in node.inputs]
-            if node.kind == "conv2d":
-                k = arch[node.kernel_var] if node.kernel_var else node.kernel
-                groups = node.describe.split(" g", 1)[1].split(" ", 1)[0]
-                per_out = ins[0][1] if groups == "1" else (1 if groups == "dw" else int(groups[3:]))
-                macs += math.prod(out) * per_out * k * k
-                params += out[1] * per_out * k * k + (out[1] if " bTrue" in node.describe else 0)
-            elif node.kind == "linear":
-                macs += math.prod(out) * ins[0][-1]
-                params += out[-1] * ins[0][-1] + (out[-1] if node.describe == "bTrue" else 0)
-            elif node.kind == "batchnorm2d":
-                params += 2 * out[1]
-            elif node.kind == "layernorm":
-                params += 2 * out[-1]
-            params += node.static_params
-        for name in plan.group_params(group):
-            params += math.prod(plan.shapes.shape(name, arch))
-        return macs, params
 
     def costs(self, arch: Arch) -> Costs:
         """Counted costs of ``arch`` (a complete architecture)."""
@@ -177,3 +150,30 @@ class CostModel:
                 total += size
             peak = max(peak, total)
         return Costs(macs, params, peak * BYTES_PER_VALUE)
+
+
+def kernel_costs(plan: KernelPlan, kernel: Kernel) -> tuple[int, int]:
+    """MACs and parameters of one kernel (parameters of the layers in it, learned constants it owns)."""
+    group = plan.groups[kernel.group]
+    arch = {**plan.sn.space.max(), **dict(zip(group.variables, kernel.choices))}
+    macs = params = 0
+    for name in group.nodes:
+        node = plan.by_name[name]
+        out = plan.shapes.shape(name, arch)
+        ins = [plan.shapes.shape(i, arch) for i in node.inputs]
+        if node.kind == "conv2d":
+            k = arch[node.kernel_var] if node.kernel_var else node.kernel
+            per_out = node.per_group or ins[0][1]  # input channels each output channel reads
+            macs += math.prod(out) * per_out * k * k
+            params += out[1] * per_out * k * k + (out[1] if node.bias else 0)
+        elif node.kind == "linear":
+            macs += math.prod(out) * ins[0][-1]
+            params += out[-1] * ins[0][-1] + (out[-1] if node.bias else 0)
+        elif node.kind == "batchnorm2d":
+            params += 2 * out[1]
+        elif node.kind == "layernorm":
+            params += 2 * out[-1]
+        params += node.static_params
+    for name in plan.group_params(group):
+        params += math.prod(plan.shapes.shape(name, arch))
+    return macs, params

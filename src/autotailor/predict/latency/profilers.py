@@ -85,7 +85,8 @@ def _summary(times_ms: list[float]) -> Measurement:
     return Measurement(med, mad, len(times_ms), time.time())
 
 
-def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: float) -> list[float]:
+def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: float,
+                before: Callable[[], object] | None = None) -> list[float]:
     """Warm up, then time up to ``repeats`` calls, fewer (but at least 5) when one call is
     long enough that ``repeats`` would exceed ``budget_s``: slow kernels are stable anyway."""
     for _ in range(warmup):
@@ -93,6 +94,8 @@ def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: 
     times: list[float] = []
     deadline = time.perf_counter() + budget_s
     while len(times) < repeats and (len(times) < 5 or time.perf_counter() < deadline):
+        if before is not None:
+            before()  # not timed
         t = time.perf_counter()
         run()
         times.append((time.perf_counter() - t) * 1e3)
@@ -100,23 +103,39 @@ def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: 
 
 
 class Backend:
+    """A runtime to profile kernels on. ``flush_mb`` megabytes are overwritten before each timed
+    run of a kernel: inside a whole model a kernel's weights are not in the core's caches when
+    it starts, as they would be when it runs alone again and again."""
+
     name: ClassVar[str] = ""
 
-    def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5):
-        if threads < 1 or warmup < 0 or repeats < 1:
-            raise AutoTailorError("threads and repeats must be >= 1 and warmup >= 0")
+    def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5,
+                 flush_mb: int = 16):
+        if threads < 1 or warmup < 0 or repeats < 1 or flush_mb < 0:
+            raise AutoTailorError("threads and repeats must be >= 1, warmup and flush_mb >= 0")
         self.threads, self.warmup, self.repeats, self.budget_s = threads, warmup, repeats, budget_s
+        self.flush_mb = flush_mb
+        self._scratch = np.zeros(flush_mb * 2**20 // 8) if flush_mb else None
+        self._overhead: Measurement | None = None
 
     @property
     def settings(self) -> dict[str, object]:
         """What makes measurements comparable: part of the LUT key."""
-        return {"threads": self.threads}
+        return {"threads": self.threads, "flush_mb": self.flush_mb}
+
+    def _flush(self) -> None:
+        if self._scratch is not None:
+            np.add(self._scratch, 1.0, out=self._scratch)
 
     def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
         """The time (ms) ``module`` takes when it runs inside a model, on inputs of ``input_shape``
-        (one shape or a list). By default the wall time of calling it as a model of its own."""
-        return _summary(_time_calls(self.prepare(module, _shapes(input_shape)), self.warmup, self.repeats,
-                                    self.budget_s))
+        (one shape or a list): by default the wall time of calling it as a model of its own,
+        caches flushed, less the fixed cost of a call (``overhead``), which a model pays once."""
+        run = self.prepare(module, _shapes(input_shape))
+        m = _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush))
+        if self._overhead is None:
+            self._overhead = self.overhead()
+        return Measurement(max(0.0, m.median_ms - self._overhead.median_ms), m.mad_ms, m.repeats, m.measured_at)
 
     def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:  # pragma: no cover
         """A function that runs ``module`` once on the runtime (loading it is not timed)."""
@@ -127,7 +146,7 @@ class Backend:
         return self.time(self.prepare(_Identity(), [input_shape]))
 
     def time(self, run: Callable[[], object]) -> Measurement:
-        """Warm-up, then the median (and MAD) of timed calls of ``run``."""
+        """Warm-up, then the median (and MAD) of timed calls of ``run`` (a whole model: no flushing)."""
         return _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s))
 
     # -- deployed models -----------------------------------------------------------------------
@@ -153,16 +172,15 @@ class OrtCpu(Backend):
 
     LEVELS = ("basic", "extended", "all")
 
-    def __init__(self, optimization: str = "all", flush_mb: int = 16, **kwargs: object):
+    def __init__(self, optimization: str = "all", **kwargs: object):
         super().__init__(**kwargs)
-        self.flush_mb = flush_mb
         if optimization not in self.LEVELS:
             raise AutoTailorError(f"ort-cpu optimization={optimization!r} is not allowed; expected one of {self.LEVELS}")
         self.optimization = optimization
 
     @property
     def settings(self) -> dict[str, object]:
-        return {"threads": self.threads, "optimization": self.optimization, "flush_mb": self.flush_mb}
+        return {**super().settings, "optimization": self.optimization}
 
     def _session(self, module: nn.Module, input_shapes: list[Shape], profiling: str | None = None):
         import onnxruntime as ort
@@ -190,11 +208,7 @@ class OrtCpu(Backend):
         with tempfile.TemporaryDirectory() as tmp:
             sess, feed = self._session(module, _shapes(input_shape), profiling=str(Path(tmp) / "kernel"))
             run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
-            for _ in range(self.warmup):
-                run()
-            if self.flush_mb:
-                run = _after_flush(run, self.flush_mb)
-            wall = _time_calls(run, 0, self.repeats, self.budget_s)
+            wall = _time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush)
             events = json.loads(Path(sess.end_profiling()).read_text())
         return _summary(_per_run_kernel_ms(events, skip=self.warmup) or wall)
 
@@ -225,18 +239,6 @@ class OrtCpu(Backend):
 
 
 _LAYOUT_NODES = ("ReorderInput", "ReorderOutput")
-def _after_flush(run: Callable[[], object], megabytes: int) -> Callable[[], object]:
-    """``run`` preceded by overwriting ``megabytes`` of cache: inside a whole model a kernel's
-    weights are not in the core's cache when it starts, as they are when it runs alone."""
-    scratch = np.zeros(megabytes * 2**20 // 8)
-
-    def flushed() -> object:
-        np.add(scratch, 1.0, out=scratch)
-        return run()
-
-    return flushed
-
-
 def _per_run_kernel_ms(events: list[dict], skip: int) -> list[float]:
     """Per model run (after the first ``skip``), the summed duration of its compute nodes."""
     runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
