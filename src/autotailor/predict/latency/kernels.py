@@ -172,9 +172,7 @@ class ShapeModel:
     such, as a flatten of channels x height x width).
     """
 
-    def __init__(self, sn: SuperNet, nodes: list[Node]):
-        self.space = sn.space
-        self.names = [n.name for n in nodes if n.name != "output"]
+    def __init__(self, sn: SuperNet):
         top = sn.space.max()
         self.resolutions = list(sn.space["resolution"].choices) if "resolution" in sn.space else [None]
         self.base: dict[Any, dict[str, Shape]] = {}
@@ -351,7 +349,7 @@ class KernelPlan:
         self.granularity = granularity
         self.nodes = flatten(sn)
         self.by_name = {n.name: n for n in self.nodes}
-        self.shapes = ShapeModel(sn, self.nodes)
+        self.shapes = ShapeModel(sn)
         self._stage_of_block = {b: (s, j, len(st.droppable)) for s, st in enumerate(sn.space.stages)
                                 for j, b in enumerate(st.droppable)}
         self.groups: list[KernelGroup] = []

@@ -311,12 +311,23 @@ class Ncnn(Backend):
             return self._runner(param, input_shapes)
 
     def _runner(self, param: Path, input_shapes: list[Shape]) -> Callable[[], object]:
-        from autotailor.deploy import ncnn_net, run_ncnn
+        import ncnn
+
+        from autotailor.deploy import ncnn_net
 
         net = ncnn_net(param, self.threads)  # loaded into memory: the files may go
         rng = np.random.default_rng(0)
-        xs = [rng.standard_normal(s).astype(np.float32) for s in input_shapes]
-        return lambda: run_ncnn(net, *xs)
+        # Inputs are NCNN-owned Mats made once, as an application reuses its input buffers;
+        # the output stays an NCNN Mat: copying either would be timed with every kernel.
+        mats = [ncnn.Mat(rng.standard_normal(s[1:]).astype(np.float32)).clone() for s in input_shapes]
+
+        def run() -> object:
+            ex = net.create_extractor()
+            for i, m in enumerate(mats):
+                ex.input(f"in{i}", m)
+            return ex.extract("out0")
+
+        return run
 
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_ncnn
