@@ -1,6 +1,6 @@
 """Train, tune and evaluate SuperNets on CIFAR-10: what tuning buys every SubNet.
 
-Reproduce (from the repository root, after `make install`; about 2 hours on 2 cores)::
+Reproduce (from the repository root, after `make install`; several hours on 2 cores, resumable)::
 
     .venv/bin/python benchmarks/tune_cifar10.py --data ../shared/data/cifar10
     .venv/bin/python benchmarks/tune_cifar10.py --report-only     # table again from the JSON
@@ -54,7 +54,7 @@ MODELS = {
 }
 # SGD with Nesterov momentum, label smoothing 0.1, cosine schedule; tuning starts lower.
 TRAIN_FLAGS = ["--lr", "0.05", "--weight-decay", "5e-4", "--warmup-steps", "200"]
-TUNE_FLAGS = ["--lr", "0.01", "--weight-decay", "5e-4", "--warmup-steps", "100", "--subnets", "4"]
+TUNE_FLAGS = ["--weight-decay", "5e-4", "--warmup-steps", "100", "--subnets", "4"]  # and --lr from --tune-lr
 DIST_STEPS = int(os.environ.get("TUNE_CIFAR10_DIST_STEPS", 60))
 
 
@@ -81,11 +81,14 @@ class State:
         return d
 
     def put(self, value, *keys) -> None:
+        # Re-read first: one driver per model may run at the same time (e.g. one per core).
+        if self.path.is_file():
+            self.data = json.loads(self.path.read_text())
         d = self.data
         for k in keys[:-1]:
             d = d.setdefault(k, {})
         d[keys[-1]] = value
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
         os.replace(tmp, self.path)
 
@@ -140,13 +143,14 @@ def evaluate_archs(state: State, name: str, work: Path, data: str, archs: dict[s
                       flush=True)
 
 
-def distributed_check(state: State, name: str, work: Path, data: str) -> None:
+def distributed_check(state: State, name: str, work: Path, data: str, args: argparse.Namespace) -> None:
     """The same short tuning run in one process (2 threads) and in two (1 thread each)."""
     from autotailor import load
     from autotailor.data import BatchLoader, load_data
     from autotailor.tune import evaluate
 
-    flags = [*TUNE_FLAGS, "--steps", str(DIST_STEPS), "--checkpoint-every", "1000", "--quiet"]
+    flags = [*TUNE_FLAGS, "--lr", str(args.tune_lr), "--steps", str(DIST_STEPS), "--checkpoint-every", "1000",
+             "--quiet"]
     for procs in (1, 2):
         d = work / f"dist{procs}"
         if state.get(name, "dist", str(procs)) is not None:
@@ -182,7 +186,8 @@ def run_model(state: State, name: str, args: argparse.Namespace) -> None:
         shutil.copy(work / "supernet.pt", work / "supernet-base.pt")
         state.put(True, name, "trained")
     if not state.get(name, "tuned"):
-        run([cli, "tune", str(work), "--data", data, "--steps", str(tune_steps), *TUNE_FLAGS, "--quiet"])
+        run([cli, "tune", str(work), "--data", data, "--steps", str(tune_steps), "--lr", str(args.tune_lr),
+             *TUNE_FLAGS, "--quiet"])
         state.put(True, name, "tuned")
     from autotailor import load
 
@@ -195,7 +200,7 @@ def run_model(state: State, name: str, args: argparse.Namespace) -> None:
                "train_steps": train_steps, "tune_steps": tune_steps,
                "log10_space_size": round(space.log10_size, 2)}, name, "runs")
     if name == args.dist_model:
-        distributed_check(state, name, work, data)
+        distributed_check(state, name, work, data, args)
 
 
 def summarise(name: str, s: dict) -> dict:
@@ -247,7 +252,7 @@ def report(state: State, args: argparse.Namespace) -> None:
     doc = {"machine": machine(), "command": " ".join(["python", "benchmarks/tune_cifar10.py", *sys.argv[1:]]),
            "note": args.note,
            "settings": {"batch": BATCH, "train_flags": TRAIN_FLAGS, "tune_flags": TUNE_FLAGS,
-                        "train_epochs": args.train_epochs, "tune_epochs": args.tune_epochs,
+                        "train_epochs": args.train_epochs, "tune_epochs": args.tune_epochs, "tune_lr": args.tune_lr,
                         "validation": "CIFAR-10 test split, 10,000 images",
                         "recalibration": "2,048 augmented training images"},
            "models": results, "raw": state.data}
@@ -259,7 +264,7 @@ def report(state: State, args: argparse.Namespace) -> None:
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, torchvision {m['torchvision']}. "
         f"Command: `{doc['command']}`.", "", *([args.note, ""] if args.note else []),
         f"Base model: `autotailor train` for {args.train_epochs} epochs ({' '.join(TRAIN_FLAGS)}, batch {BATCH}); "
-        f"tuning: `autotailor tune` for {args.tune_epochs} epochs ({' '.join(TUNE_FLAGS)}). "
+        f"tuning: `autotailor tune` for {args.tune_epochs} epochs (--lr {args.tune_lr} {' '.join(TUNE_FLAGS)}). "
         "Accuracy (%) on the 10,000 test images; BN recalibrated on 2,048 training images unless 'plain'.", "",
         "| model | base | largest | smallest | random median (min-max) | random median plain | "
         "untuned: smallest / random median | worst gain from tuning | improved |",
@@ -303,7 +308,8 @@ def main() -> None:
     p.add_argument("--work", default=str(HERE / "work" / "tune_cifar10"))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--train-epochs", type=float, default=4)
-    p.add_argument("--tune-epochs", type=float, default=2)
+    p.add_argument("--tune-epochs", type=float, default=8)
+    p.add_argument("--tune-lr", type=float, default=0.03)
     p.add_argument("--random", type=int, default=20)
     p.add_argument("--dist-model", default="mobilenet_v2")
     p.add_argument("--report-only", action="store_true")

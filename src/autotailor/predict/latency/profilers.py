@@ -104,13 +104,16 @@ def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: 
 
 class Backend:
     """A runtime to profile kernels on. ``flush_mb`` megabytes are overwritten before each timed
-    run of a kernel: inside a whole model a kernel's weights are not in the core's caches when
-    it starts, as they would be when it runs alone again and again."""
+    run of a kernel: inside a whole model a kernel's weights may not be in the core's caches
+    when it starts, as they are when it runs alone again and again. Whether that helps depends
+    on the runtime, so each backend has its own default (measured: see docs/latency.md)."""
 
     name: ClassVar[str] = ""
+    default_flush_mb: ClassVar[int] = 0
 
     def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5,
-                 flush_mb: int = 16):
+                 flush_mb: int | None = None):
+        flush_mb = self.default_flush_mb if flush_mb is None else flush_mb
         if threads < 1 or warmup < 0 or repeats < 1 or flush_mb < 0:
             raise AutoTailorError("threads and repeats must be >= 1, warmup and flush_mb >= 0")
         self.threads, self.warmup, self.repeats, self.budget_s = threads, warmup, repeats, budget_s
@@ -171,6 +174,7 @@ class OrtCpu(Backend):
     transformation; deployed models must run with the same level as their kernels were profiled."""
 
     LEVELS = ("basic", "extended", "all")
+    default_flush_mb = 16
 
     def __init__(self, optimization: str = "all", **kwargs: object):
         super().__init__(**kwargs)
@@ -303,31 +307,54 @@ class Ncnn(Backend):
     folds BatchNorm and fuses activations into convolutions. A call creates an extractor, feeds
     the inputs and extracts the output, as an application does."""
 
+    def __init__(self, **kwargs: object):
+        super().__init__(**kwargs)
+        self._widest: int | None = None
+
     def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
         from autotailor.deploy import export_ncnn
 
         with tempfile.TemporaryDirectory() as tmp:
             param, _ = export_ncnn(module, Path(tmp) / "kernel", input_shapes)
-            return self._runner(param, input_shapes)
+            return self._runner(param, input_shapes, packed=True)
 
-    def _runner(self, param: Path, input_shapes: list[Shape]) -> Callable[[], object]:
+    def _runner(self, param: Path, input_shapes: list[Shape], packed: bool = False) -> Callable[[], object]:
         import ncnn
 
         from autotailor.deploy import ncnn_net
 
         net = ncnn_net(param, self.threads)  # loaded into memory: the files may go
         rng = np.random.default_rng(0)
-        # Inputs are NCNN-owned Mats made once, as an application reuses its input buffers;
-        # the output stays an NCNN Mat: copying either would be timed with every kernel.
+        # Inputs are NCNN-owned Mats made once, as an application reuses its input buffers, and
+        # the output is extracted as computed (type 1: no conversion): copying either would be
+        # timed with every kernel. A kernel's inputs come packed, as the layer before it in a
+        # model leaves them, so that its time holds no layout conversion.
         mats = [ncnn.Mat(rng.standard_normal(s[1:]).astype(np.float32)).clone() for s in input_shapes]
+        if packed:
+            mats = [ncnn.convert_packing(m, self._elempack(s[1] if len(s) > 2 else s[-1]))
+                    for m, s in zip(mats, input_shapes)]
 
         def run() -> object:
             ex = net.create_extractor()
             for i, m in enumerate(mats):
                 ex.input(f"in{i}", m)
-            return ex.extract("out0")
+            return ex.extract("out0", 1)
 
         return run
+
+    def _elempack(self, channels: int) -> int:
+        """The packing NCNN's layers give a blob of ``channels`` on this CPU (probed once)."""
+        if self._widest is None:
+            import ncnn
+
+            from autotailor.deploy import export_ncnn
+
+            with tempfile.TemporaryDirectory() as tmp:
+                param, _ = export_ncnn(nn.Conv2d(1, 16, 1), Path(tmp) / "probe", (1, 1, 4, 4))
+                run = self._runner(param, [(1, 1, 4, 4)])
+            out = run()[1]
+            self._widest = out.elempack if isinstance(out, ncnn.Mat) else 1
+        return next(p for p in (16, 8, 4, 1) if p <= self._widest and channels % p == 0)
 
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_ncnn
