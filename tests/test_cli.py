@@ -59,6 +59,10 @@ def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
     settings = tmp_path / "tune.toml"
     settings.write_text("[tune]\nsteps = 3\nsubnets = 3\n")
     assert main(["tune", work, "--config", str(settings), *common]) == 0
+    records = [json.loads(line) for line in (tmp_path / "w" / "tune.log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["images"] == 3 * 32 and r["seconds"] > 0 and r["loss"] > 0 for r in records)
+    assert len((tmp_path / "w" / "train.log.jsonl").read_text().splitlines()) == 4
     capsys.readouterr()
     assert main(["tune", work, "--config", str(settings), *common]) == 0  # finished: resumes at the end
     assert "resuming tune at step 3" in capsys.readouterr().out
