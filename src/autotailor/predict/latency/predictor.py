@@ -9,11 +9,14 @@ the SubNet runs, its LUT median (what the kernel costs inside a model: see the b
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 from autotailor.predict.latency.kernels import Kernel, KernelPlan, LatencyError
 from autotailor.predict.latency.lut import LutStore, Target
@@ -120,10 +123,31 @@ class CostModel:
         # with the same shape), so only tensors used inside their own block disappear.
         escapes = {i for n in plan.nodes for i in n.inputs
                    if i in plan.by_name and plan.by_name[i].block is not None and plan.by_name[i].block != n.block}
-        self._positions = []
-        for i, n in enumerate(nodes):
-            live = [t for t in nodes[: i + 1] if last_use[t.name] >= i]
-            self._positions.append((n.block, [(t.name, None if t.name in escapes else t.block) for t in live]))
+        # Each tensor's size is a table over the few variables its shape depends on; tensors with
+        # the same table share it. Liveness is a positions x tensors matrix, so a prediction is a
+        # few lookups and one matrix-vector product.
+        space, top = plan.sn.space, plan.sn.space.max()
+        tables: dict[tuple, int] = {}
+        self._tables: list[tuple[tuple[str, ...], dict[tuple, int]]] = []
+        index = []
+        for t in nodes:
+            variables = tuple(v.name for v in space.variables if v.name in plan.shapes.variables(t.name))
+            table = {combo: math.prod(plan.shapes.shape(t.name, {**top, **dict(zip(variables, combo))}))
+                     for combo in itertools.product(*(space[v].choices for v in variables))}
+            key = (variables, tuple(table.items()))
+            if key not in tables:
+                tables[key] = len(self._tables)
+                self._tables.append((variables, table))
+            index.append(tables[key])
+        self._index = np.array(index)
+        owners = [None if t.name in escapes else t.block for t in nodes]
+        self._owner_blocks = sorted({o for o in owners if o is not None})
+        # tensors x blocks: which tensors vanish with a dropped block; positions likewise
+        self._tensor_block = np.array([[o == b for b in self._owner_blocks] for o in owners], dtype=bool)
+        self._position_blocks = sorted({n.block for n in nodes if n.block is not None})
+        self._position_block = np.array([[n.block == b for b in self._position_blocks] for n in nodes], dtype=bool)
+        self._live = np.array([[last_use[nodes[j].name] >= i and j <= i for j in range(len(nodes))]
+                               for i in range(len(nodes))], dtype=np.float64)
 
     def costs(self, arch: Arch) -> Costs:
         """Counted costs of ``arch`` (a complete architecture)."""
@@ -134,21 +158,17 @@ class CostModel:
                 m, p = self._kernel_costs[table[tuple(arch[v] for v in variables)]]
                 macs += m
                 params += p
-        shape = self.plan.shapes.shape
-        sizes: dict[str, int] = {}
-        peak = 0
-        for block, live in self._positions:
-            if block is not None and not kept(block, arch):
-                continue
-            total = 0
-            for name, owner in live:
-                if owner is not None and not kept(owner, arch):
-                    continue
-                size = sizes.get(name)
-                if size is None:
-                    size = sizes[name] = math.prod(shape(name, arch))
-                total += size
-            peak = max(peak, total)
+        unique = np.array([table[tuple(arch[v] for v in variables)] for variables, table in self._tables],
+                          dtype=np.float64)
+        sizes = unique[self._index]
+        dropped = np.array([not kept(b, arch) for b in self._owner_blocks], dtype=bool)
+        if dropped.any():
+            sizes[self._tensor_block[:, dropped].any(1)] = 0.0
+        live = self._live @ sizes
+        gone = np.array([not kept(b, arch) for b in self._position_blocks], dtype=bool)
+        if gone.any():
+            live[self._position_block[:, gone].any(1)] = 0.0
+        peak = int(live.max())
         return Costs(macs, params, peak * BYTES_PER_VALUE)
 
 
