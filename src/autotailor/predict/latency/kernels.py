@@ -410,10 +410,20 @@ class KernelPlan:
 
     # -- SubNets ---------------------------------------------------------------------------------
     def kept(self, block: int | None, arch: Arch) -> bool:
+        """Whether ``block`` (None: outside every droppable block) runs in SubNet ``arch``."""
         if block is None or block not in self._stage_of_block:
             return True
         s, j, n = self._stage_of_block[block]
         return j < n + arch.get(f"stage{s}.reduce_depth", 0)
+
+    def dropped(self, arch: Arch) -> set[int]:
+        """The droppable blocks SubNet ``arch`` leaves out."""
+        out: set[int] = set()
+        for s, stage in enumerate(self.sn.space.stages):
+            d = arch.get(f"stage{s}.reduce_depth", 0)
+            if d:
+                out.update(stage.droppable[len(stage.droppable) + d:])
+        return out
 
     def kernel_ids(self, arch: Arch) -> list[int]:
         """The kernels SubNet ``arch`` runs (with repetition), in execution order."""

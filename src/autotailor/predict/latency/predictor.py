@@ -83,10 +83,10 @@ class LatencyPredictor:
 
     def predict(self, arch: Arch) -> float:
         """Predicted latency (ms) of ``arch`` (a complete architecture: see ``Space.complete``)."""
-        kept = self.plan.kept
+        dropped = self.plan.dropped(arch)
         total = self.overhead_ms
         for variables, block, table in self._groups:
-            if block is None or kept(block, arch):
+            if block not in dropped:
                 total += table[tuple(arch[v] for v in variables)]
         return total
 
@@ -110,8 +110,23 @@ class CostModel:
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan
-        self._kernel_costs = [kernel_costs(plan, k) for k in plan.kernels]
-        self._groups = [(g.variables, g.block, g.table) for g in plan.groups]
+        kernel_cost = [kernel_costs(plan, k) for k in plan.kernels]
+        # MACs and parameters summed per droppable block over the union of its groups' variables
+        # (and per variable set outside blocks): fewer lookups per prediction than per group.
+        space = plan.sn.space
+        parts: dict[tuple, list] = {}
+        for g in plan.groups:
+            parts.setdefault((g.block, g.variables if g.block is None else None), []).append(g)
+        self._sums: list[tuple[int | None, tuple[str, ...], dict[tuple, tuple[int, int]]]] = []
+        for (block, _), groups in parts.items():
+            union = {v for g in groups for v in g.variables}
+            variables = tuple(v.name for v in space.variables if v.name in union)
+            table = {}
+            for combo in itertools.product(*(space[v].choices for v in variables)):
+                choice = dict(zip(variables, combo))
+                costs = [kernel_cost[g.table[tuple(choice[v] for v in g.variables)]] for g in groups]
+                table[combo] = (sum(c[0] for c in costs), sum(c[1] for c in costs))
+            self._sums.append((block, variables, table))
         nodes = [n for n in plan.nodes if not n.const and n.kind != "output"]
         position = {n.name: i for i, n in enumerate(nodes)}
         last_use = {n.name: position[n.name] for n in nodes}
@@ -151,21 +166,21 @@ class CostModel:
 
     def costs(self, arch: Arch) -> Costs:
         """Counted costs of ``arch`` (a complete architecture)."""
-        kept = self.plan.kept
+        dropped = self.plan.dropped(arch)
         macs = params = 0
-        for variables, block, table in self._groups:
-            if block is None or kept(block, arch):
-                m, p = self._kernel_costs[table[tuple(arch[v] for v in variables)]]
+        for block, variables, table in self._sums:
+            if block not in dropped:
+                m, p = table[tuple(arch[v] for v in variables)]
                 macs += m
                 params += p
         unique = np.array([table[tuple(arch[v] for v in variables)] for variables, table in self._tables],
                           dtype=np.float64)
         sizes = unique[self._index]
-        dropped = np.array([not kept(b, arch) for b in self._owner_blocks], dtype=bool)
-        if dropped.any():
-            sizes[self._tensor_block[:, dropped].any(1)] = 0.0
+        gone = np.array([b in dropped for b in self._owner_blocks], dtype=bool)
+        if gone.any():
+            sizes[self._tensor_block[:, gone].any(1)] = 0.0
         live = self._live @ sizes
-        gone = np.array([not kept(b, arch) for b in self._position_blocks], dtype=bool)
+        gone = np.array([b in dropped for b in self._position_blocks], dtype=bool)
         if gone.any():
             live[self._position_block[:, gone].any(1)] = 0.0
         peak = int(live.max())
