@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
 import statistics
 import subprocess
@@ -46,20 +44,13 @@ import torch
 import torchvision
 
 import autotailor as at
+from common import machine
 from autotailor.deploy import export_onnx
 from autotailor.testing import rel_err, well_conditioned
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_SECONDS = 5.0
 ONNX_MAX_PARAMS = 150e6
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cpu": cpu,
-            "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def versions() -> dict:

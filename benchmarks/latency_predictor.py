@@ -36,20 +36,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
 import tempfile
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import torch
 import torchvision
 from scipy.stats import kendalltau
+from common import State, machine
 from sklearn.ensemble import RandomForestRegressor
 
 import autotailor as at
@@ -64,30 +62,6 @@ BACKENDS = ("ort-cpu", "ncnn")
 # name -> (fusion rules, granularity); "fused" uses the backend's own rules
 VARIANTS = {"fused": (None, "fused"), "no-fusion": ("none", "operator"), "block": (None, "block")}
 BUDGETS = (2, 5, 10, 20, 50, 100)
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cores": os.cpu_count(), "cpu": cpu, "python": sys.version.split()[0], "torch": torch.__version__,
-            "onnxruntime": version("onnxruntime"), "ncnn": version("ncnn"), "pnnx": version("pnnx")}
-
-
-class State:
-    def __init__(self, path: Path):
-        self.path = path
-        self.data = json.loads(path.read_text()) if path.is_file() else {}
-
-    def section(self, *keys: str) -> dict:
-        d = self.data
-        for k in keys:
-            d = d.setdefault(k, {})
-        return d
-
-    def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
 
 
 def accuracy(pred: list[float], meas: list[float]) -> dict:
@@ -264,7 +238,7 @@ def speed(st: dict, sn, plan: KernelPlan, lut: LutStore, target: Target) -> None
 
 
 def report(state: State, args: argparse.Namespace) -> None:
-    doc = {"machine": machine(), "command": " ".join(["python", "benchmarks/latency_predictor.py", *sys.argv[1:]]),
+    doc = {"machine": machine("torch", "onnxruntime", "ncnn", "pnnx"), "command": " ".join(["python", "benchmarks/latency_predictor.py", *sys.argv[1:]]),
            "results": state.data}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latency_predictor.json").write_text(json.dumps(doc, indent=1))

@@ -36,10 +36,9 @@ import statistics
 import subprocess
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 
-import torch
+from common import State, machine
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -56,41 +55,6 @@ MODELS = {
 TRAIN_FLAGS = ["--lr", "0.05", "--weight-decay", "5e-4", "--warmup-steps", "200"]
 TUNE_FLAGS = ["--weight-decay", "5e-4", "--warmup-steps", "100", "--subnets", "4"]  # and --lr from --tune-lr
 DIST_STEPS = int(os.environ.get("TUNE_CIFAR10_DIST_STEPS", 60))
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "")
-    return {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cpu": cpu,
-            "python": sys.version.split()[0], "torch": torch.__version__, "torchvision": version("torchvision")}
-
-
-class State:
-    """Finished stages and evaluations, written after each so that a restart skips them."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.data = json.loads(path.read_text()) if path.is_file() else {}
-
-    def get(self, *keys):
-        d = self.data
-        for k in keys:
-            if not isinstance(d, dict) or k not in d:
-                return None
-            d = d[k]
-        return d
-
-    def put(self, value, *keys) -> None:
-        # Re-read first: one driver per model may run at the same time (e.g. one per core).
-        if self.path.is_file():
-            self.data = json.loads(self.path.read_text())
-        d = self.data
-        for k in keys[:-1]:
-            d = d.setdefault(k, {})
-        d[keys[-1]] = value
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        os.replace(tmp, self.path)
 
 
 def run(cmd: list[str], threads: int | None = None) -> None:
@@ -188,6 +152,7 @@ def run_model(state: State, name: str, args: argparse.Namespace) -> None:
     if not state.get(name, "tuned"):
         run([cli, "tune", str(work), "--data", data, "--steps", str(tune_steps), "--lr", str(args.tune_lr),
              *TUNE_FLAGS, "--quiet"])
+        state.put(args.tune_lr, name, "tune_lr")
         state.put(True, name, "tuned")
     from autotailor import load
 
@@ -249,10 +214,10 @@ def pct(x: float) -> str:
 def report(state: State, args: argparse.Namespace) -> None:
     results = {name: summarise(name, state.data[name]) for name in MODELS
                if state.get(name, "runs") is not None}
-    doc = {"machine": machine(), "command": " ".join(["python", "benchmarks/tune_cifar10.py", *sys.argv[1:]]),
+    doc = {"machine": machine("torch", "torchvision"), "command": " ".join(["python", "benchmarks/tune_cifar10.py", *sys.argv[1:]]),
            "note": args.note,
            "settings": {"batch": BATCH, "train_flags": TRAIN_FLAGS, "tune_flags": TUNE_FLAGS,
-                        "train_epochs": args.train_epochs, "tune_epochs": args.tune_epochs, "tune_lr": args.tune_lr,
+                        "tune_lr": {name: state.get(name, "tune_lr") for name in results},
                         "validation": "CIFAR-10 test split, 10,000 images",
                         "recalibration": "2,048 augmented training images"},
            "models": results, "raw": state.data}
@@ -263,8 +228,8 @@ def report(state: State, args: argparse.Namespace) -> None:
         "# Tuning on CIFAR-10", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, torchvision {m['torchvision']}. "
         f"Command: `{doc['command']}`.", "", *([args.note, ""] if args.note else []),
-        f"Base model: `autotailor train` for {args.train_epochs} epochs ({' '.join(TRAIN_FLAGS)}, batch {BATCH}); "
-        f"tuning: `autotailor tune` for {args.tune_epochs} epochs (--lr {args.tune_lr} {' '.join(TUNE_FLAGS)}). "
+        f"Base model: `autotailor train` ({' '.join(TRAIN_FLAGS)}, batch {BATCH}); tuning: `autotailor tune` "
+        f"({' '.join(TUNE_FLAGS)}); steps and tuning lr per model below ({STEPS_PER_EPOCH} steps per epoch). "
         "Accuracy (%) on the 10,000 test images; BN recalibrated on 2,048 training images unless 'plain'.", "",
         "| model | base | largest | smallest | random median (min-max) | random median plain | "
         "untuned: smallest / random median | worst gain from tuning | improved |",
@@ -277,12 +242,13 @@ def report(state: State, args: argparse.Namespace) -> None:
             f"({pct(r['random_min'])}-{pct(r['random_max'])}) | {pct(r['random_median_plain'])} | "
             f"{pct(r['untuned_smallest']['recalibrated'])} / {pct(r['untuned_random_median'])} | "
             f"{100 * r['min_gain_from_tuning']:+.2f} | {r['improved']}/{r['evaluated']} |")
-    lines += ["", "| model | targets | train: img/s, wall, CPU (rank 0) | tune: SubNet-img/s, wall, CPU |",
-              "|---|---|---|---|"]
+    lines += ["", "| model | train / tune steps, tune lr | targets | train: img/s, wall, CPU (rank 0) | "
+              "tune: SubNet-img/s, wall, CPU |", "|---|---|---|---|---|"]
     for name, r in results.items():
         t, u = r["train"], r["tune"]
         met = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in r["targets"].items())
-        lines.append(f"| {name} | {met} | {t['images_per_second']}, {t['wall_seconds'] / 60:.1f} min, "
+        lr = state.get(name, "tune_lr")
+        lines.append(f"| {name} | {t['steps']} / {u['steps']}, {lr} | {met} | {t['images_per_second']}, {t['wall_seconds'] / 60:.1f} min, "
                      f"{t['cpu_seconds_rank0'] / 60:.1f} min | {u['images_per_second']}, "
                      f"{u['wall_seconds'] / 60:.1f} min, {u['cpu_seconds_rank0'] / 60:.1f} min |")
     for name, r in results.items():

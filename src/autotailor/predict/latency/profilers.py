@@ -212,9 +212,12 @@ class OrtCpu(Backend):
         with tempfile.TemporaryDirectory() as tmp:
             sess, feed = self._session(module, _shapes(input_shape), profiling=str(Path(tmp) / "kernel"))
             run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
-            wall = _time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush)
+            _time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush)
             events = json.loads(Path(sess.end_profiling()).read_text())
-        return _summary(_per_run_kernel_ms(events, skip=self.warmup) or wall)
+        per_run = _per_run_kernel_ms(events, skip=self.warmup)
+        if not per_run:
+            raise AutoTailorError("ONNX Runtime's profiler recorded no model runs; is this onnxruntime too old?")
+        return _summary(per_run)
 
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_onnx

@@ -1,0 +1,56 @@
+"""What the benchmarks share: the machine description and a resumable JSON state file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+
+def machine(*packages: str) -> dict:
+    """CPU, cores, threads, Python and the versions of ``packages``."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cpu": cpu,
+            "python": platform.python_version(), "platform": platform.platform(),
+            **{p: version(p) for p in packages}}
+
+
+class State:
+    """Finished work of a benchmark, kept in a JSON file so that a restarted run skips it.
+
+    ``put`` re-reads the file before writing, so one driver per model may run at the same
+    time; ``section`` hands out a live nested dict that ``save`` writes (one driver only)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.is_file() else {}
+
+    def get(self, *keys):
+        d = self.data
+        for k in keys:
+            if not isinstance(d, dict) or k not in d:
+                return None
+            d = d[k]
+        return d
+
+    def section(self, *keys: str) -> dict:
+        d = self.data
+        for k in keys:
+            d = d.setdefault(k, {})
+        return d
+
+    def put(self, value, *keys) -> None:
+        if self.path.is_file():
+            self.data = json.loads(self.path.read_text())
+        self.section(*keys[:-1])[keys[-1]] = value
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        os.replace(tmp, self.path)
