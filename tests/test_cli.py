@@ -40,17 +40,6 @@ def test_compile_prints_a_readable_summary(tmp_path, capsys) -> None:
     assert "space size:" in text and "compile time:" in text and "modifications:" in text
 
 
-def test_demo_runs_end_to_end(tmp_path, capsys) -> None:
-    out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--model", "torchvision:mobilenet_v3_small", "--input-size", "96"]) == 0
-    text = capsys.readouterr().out
-    assert "SubNets exported to ONNX" in text and "smallest" in text and "largest" in text
-    for name in ("smallest", "random", "largest"):
-        assert (out / f"subnet-{name}.onnx").stat().st_size > 10_000
-        arch = json.loads((out / f"subnet-{name}.arch.json").read_text())
-        assert at.load(out / "supernet.pt").space.complete(arch) == arch
-
-
 def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
     work = str(tmp_path / "w")
     assert main(["compile", "torchvision:mobilenet_v3_small", "--out", work, "--input-size", "32", "--json"]) == 0

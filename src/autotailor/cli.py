@@ -104,77 +104,38 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Compile a model, extract three SubNets, export them to ONNX and check them in ONNX Runtime."""
-    from rich.console import Console
-    from rich.table import Table
+    """The whole pipeline on the embedded default: ResNet-18 on handwritten digits, this CPU."""
+    from autotailor.pipeline.run import DEMO_CONFIG, plan_run
 
-    import autotailor as at
-    from autotailor.deploy import export_onnx, run_onnx
-    from autotailor.frontends import load_model
-    from autotailor.testing import rel_err, well_conditioned
-
-    console = Console()
     out = Path(args.out)
-    started = time.perf_counter()
-    console.print(f"[bold]AutoTailor demo[/]: compiling {args.model} (random weights, offline)")
-    model = load_model(args.model)
-    if isinstance(model, torch.nn.Module):
-        model = well_conditioned(model)  # non-degenerate random weights, so the errors below mean something
-    sn = at.compile(model, _example(args.input_size))
-    sn.compile_info["source"] = args.model
-    summary = _summary(sn)
-    _write_work(sn, out, summary)
-    _print_summary(summary)
-    sn.eval()
-    table = Table(title="SubNets exported to ONNX and run in ONNX Runtime")
-    for col in ("SubNet", "resolution", "params (M)", "ORT vs SuperNet (max rel. error)"):
-        table.add_column(col)
-    archs = {"smallest": sn.space.min(), "random": sn.space.sample(args.seed), "largest": sn.space.max()}
-    gen = torch.Generator().manual_seed(args.seed)
-    for name, arch in archs.items():
-        shape = sn.input_shape(arch)
-        x = torch.randn(shape, generator=gen)
-        sn.set_arch(arch)
-        with torch.no_grad():
-            ref = sn(x)
-        net = sn.extract(arch).eval()
-        path = export_onnx(net, out / f"subnet-{name}.onnx", shape)
-        (out / f"subnet-{name}.arch.json").write_text(json.dumps(arch, indent=1))
-        err = rel_err(ref, torch.from_numpy(run_onnx(path, x)))
-        params = sum(p.numel() for p in net.parameters()) / 1e6
-        table.add_row(name, str(shape[-1]), f"{params:.2f}", f"{err:.1e}")
-        if err > 1e-4:
-            raise AutoTailorError(f"the {name} SubNet's ONNX output differs from the SuperNet's by {err}")
-    console.print(table)
-    console.print(f"done in {time.perf_counter() - started:.1f} s; SuperNet, archs and ONNX files in {out}/")
-    return 0
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "demo.toml"
+    if not config.is_file():
+        config.write_text(DEMO_CONFIG)
+    print(f"AutoTailor demo: {config} (offline; resumable: run it again after an interruption)")
+    return _execute(plan_run(config, out))
 
 
 def _load_work(work: str):
-    import autotailor as at
+    from autotailor.pipeline.workdir import load_supernet
 
-    path = Path(work) / "supernet.pt"
-    if not path.is_file():
-        raise AutoTailorError(f"{work} holds no supernet.pt; run `autotailor compile MODEL --out {work}` first")
-    return at.load(path)
+    return load_supernet(work)
 
 
 _TUNE_FLAGS = ("steps", "subnets", "optimizer", "lr", "weight_decay", "warmup_steps", "label_smoothing", "seed",
                "checkpoint_every")
 
 
-def _tune_config(args: argparse.Namespace, sn, subnets: int | None):
-    """[tune] of the work directory's config, then of --config, then the flags given."""
+def _step_settings(cls, sn, section: str, args: argparse.Namespace, flags: dict[str, object]):
+    """A step's settings: its ``[section]`` table in the work directory's config, then in
+    ``--config`` (if given), then the flags given (those not None)."""
     from autotailor.compiler.config import load_config
-    from autotailor.tune import TuneConfig
+    from autotailor.settings import merge_settings
 
-    tables = [sn.config.steps.get("tune", {})]
-    if args.config:
-        tables.append(load_config(args.config).steps.get("tune", {}))
-    flags = {k: getattr(args, k) for k in _TUNE_FLAGS if getattr(args, k, None) is not None}
-    if subnets is not None:
-        flags["subnets"] = subnets
-    return TuneConfig.from_settings(*tables, flags)
+    tables = [sn.config.steps.get(section, {})]
+    if getattr(args, "config", None):
+        tables.append(load_config(args.config).steps.get(section, {}))
+    return merge_settings(cls, section, *tables, {k: v for k, v in flags.items() if v is not None})
 
 
 def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
@@ -186,7 +147,12 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
 
     rank = _init_distributed()
     sn = _load_work(args.work)
-    config = _tune_config(args, sn, subnets)
+    from autotailor.tune import TuneConfig
+
+    flags = {k: getattr(args, k, None) for k in _TUNE_FLAGS}
+    if subnets is not None:  # train: the largest SubNet alone
+        flags["subnets"] = subnets
+    config = _step_settings(TuneConfig, sn, name, args, flags)
     train, _ = load_data(args.data, seed=config.seed)
     loader = BatchLoader(train, args.batch_size, train=True, resolution=sn.example_shape[-1], seed=config.seed)
     tuner = Tuner(sn, loader, config, Path(args.work) / f"{name}.ckpt")
@@ -264,17 +230,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _latency_setup(args: argparse.Namespace):
     """The work directory's SuperNet, the kernel plan for the device's backend, its LUT and target."""
-    import socket
-
-    from autotailor.predict.latency import KernelPlan, LutStore, Target, make_backend, parse_device
+    from autotailor.pipeline.workdir import device_setup
 
     sn = _load_work(args.work)
-    name, settings = parse_device(args.device)
-    backend = make_backend(name, **settings)
-    plan = KernelPlan(sn, name, args.granularity)
-    target = Target.of(args.device_name or socket.gethostname(), name, **backend.settings)
-    store = LutStore(args.lut or Path(args.work) / "latency.sqlite")
-    return sn, plan, backend, store, target
+    d = device_setup(sn, args.work, args.device, args.device_name, args.lut, args.granularity)
+    return sn, d.plan, d.backend, d.store, d.target
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -317,6 +277,138 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sensitivity(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from autotailor.pipeline.workdir import SENSITIVITY, EvalSettings, eval_data
+    from autotailor.predict.accuracy import measure_sensitivity
+
+    sn = _load_work(args.work)
+    settings = _step_settings(EvalSettings, sn, "sensitivity", args, {
+        "validation_images": args.validation_images, "calibration_batches": args.calibration_batches,
+        "batch_size": args.batch_size, "seed": args.seed})
+    data = eval_data(args.data, sn.example_shape[-1], settings)
+    print(f"{sn.space.num_modifications} single modifications to measure on {data.images} validation images "
+          f"({len(data.calibration)} calibration batches each)")
+    columns = (TextColumn("sensitivity"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, disable=args.quiet) as progress:
+        task = progress.add_task("sensitivity", total=None)
+        table = measure_sensitivity(sn, data.val, data.calibration, Path(args.work) / SENSITIVITY,
+                                    info={"data": args.data, "seed": settings.seed},
+                                    on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+    worst = sorted(table.deltas.items(), key=lambda kv: -kv[1])[:3]
+    print(f"largest SubNet {100 * table.base_accuracy:.2f} %; {len(table.deltas)} sensitivities in "
+          f"{table.seconds:.1f} s; most sensitive: " + ", ".join(f"{k} ({100 * v:.2f} pts)" for k, v in worst))
+    return 0
+
+
+def _floats(text: str | None, scale: float = 1.0) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) * scale for v in text.split(",") if v.strip())
+    except ValueError:
+        raise AutoTailorError(f"{text!r} is not a comma-separated list of numbers (e.g. 2,4,8)") from None
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from autotailor.pipeline.selection import SearchSettings, objectives_for, run_search
+    from autotailor.pipeline.workdir import device_setup
+
+    sn = _load_work(args.work)
+    settings = _step_settings(SearchSettings, sn, "search", args, {
+        "latency_ms": _floats(args.latency_ms), "macs": _floats(args.macs_m, 1e6),
+        "params": _floats(args.params_m, 1e6), "memory_bytes": _floats(args.memory_mb, 2.0**20),
+        "budgets": args.budgets, "axis": args.axis, "generations": args.generations,
+        "population": args.population, "seed": args.seed})
+    constrains_latency = bool(settings.latency_ms) or (not settings.limits() and settings.axis == "latency_ms")
+    device = None
+    if args.device != "none":
+        device = device_setup(sn, args.work, args.device, args.device_name, args.lut)
+        if not constrains_latency:
+            with device.store:  # latency is reported when the LUT is there, not required
+                if device.store.missing(device.target, [k.signature for k in device.plan.kernels]):
+                    device = None
+    elif constrains_latency:
+        raise AutoTailorError("latency budgets need a device: --device ort-cpu:threads=1 (profiled first)")
+    objectives = objectives_for(sn, args.work, device)
+    budgets = settings.budget_list(objectives)
+    result = run_search(sn, args.work, device, budgets, settings.evolution(), objectives)
+    met = [c for c in result.choices if c.arch is not None]
+    print(f"{len(budgets)} budgets searched in {result.seconds:.1f} s ({result.predictions} predictions); "
+          f"{len(met)} met; choices in {args.work}/search.json")
+    if args.json:
+        print(Path(args.work, "search.json").read_text())
+        return 0
+    for c in result.choices:
+        if c.arch is None:
+            print(f"  {c.budget.name}: no SubNet meets it")
+        else:
+            shown = ", ".join(f"{m} {v:.4g}" for m, v in c.metrics.items() if m in ("latency_ms", "macs", "params"))
+            print(f"  {c.budget.name}: predicted accuracy {100 * c.accuracy:.2f} %, {shown}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from autotailor.pipeline.deployment import ExportSettings, check_formats, export_choices
+    from autotailor.pipeline.selection import pick, read_search
+    from autotailor.pipeline.workdir import SENSITIVITY, EvalSettings, device_setup, eval_data
+
+    sn = _load_work(args.work)
+    settings = _step_settings(ExportSettings, sn, "export", args, {
+        "formats": tuple(args.format.split(",")) if args.format else None, "pick": args.pick})
+    check_formats(settings.formats)
+    found = read_search(args.work)
+    chosen = pick(found, settings.pick)
+    data_spec = args.data
+    if data_spec is None and (Path(args.work) / SENSITIVITY).is_file():
+        data_spec = json.loads((Path(args.work) / SENSITIVITY).read_text())["info"].get("data")
+    data = None
+    if data_spec:
+        data = eval_data(data_spec, sn.example_shape[-1], _step_settings(EvalSettings, sn, "sensitivity", args, {}))
+    device_spec = args.device or found.get("device")
+    device = device_setup(sn, args.work, device_spec, args.device_name) if device_spec and device_spec != "none" else None
+
+    def done(e) -> None:
+        lat = e.measured["latency_ms"]
+        acc = e.measured["accuracy"]
+        print(f"  {e.name}: {len(e.files)} file(s) in {Path(e.files[0]).parent}"
+              + (f"; measured {lat:.3f} ms (predicted {e.predicted.get('latency_ms', float('nan')):.3f})"
+                 if lat is not None else "")
+              + (f"; accuracy {100 * acc:.2f} % (predicted {100 * e.predicted['accuracy']:.2f})"
+                 if acc is not None else ""))
+
+    print(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
+          + (f", measured on {device.spec}" if device else ""))
+    export_choices(sn, args.work, chosen, settings.formats, data, device, done)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autotailor.pipeline.report import write_report
+
+    print(f"report: {write_report(args.work)}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autotailor.pipeline.run import plan_run
+
+    plan = plan_run(args.config, args.work)
+    return _execute(plan)
+
+
+def _execute(plan) -> int:
+    from autotailor.pipeline.run import execute
+
+    started = time.perf_counter()
+    record = execute(plan, main, lambda name, state: print(f"== {name}: {state}", flush=True))
+    print(f"run finished in {time.perf_counter() - started:.1f} s ({sum(s['seconds'] for s in record['steps'].values()):.1f} s "
+          f"over all sessions); report: {plan.work / 'report.md'}")
+    return 0
+
+
 def _read_arch(sn, spec: str | None):
     if spec in (None, "max"):
         return sn.space.max()
@@ -328,20 +420,22 @@ def _read_arch(sn, spec: str | None):
     return json.loads(path.read_text())
 
 
-def _add_latency_args(p: argparse.ArgumentParser) -> None:
+def _add_latency_args(p: argparse.ArgumentParser, granularity: bool = True) -> None:
     p.add_argument("work", help="work directory written by `autotailor compile`")
     p.add_argument("--device", default="ort-cpu:threads=1",
-                   help="BACKEND[:KEY=VALUE,...]: ort-cpu (threads, optimization, flush_mb) or torch (threads)")
+                   help="BACKEND[:KEY=VALUE,...]: ort-cpu (threads, optimization, flush_mb), ncnn (threads) "
+                        "or torch (threads)")
     p.add_argument("--device-name", help="name of this machine in the LUT (default: the host name)")
     p.add_argument("--lut", help="latency table (SQLite; default WORK/latency.sqlite)")
-    p.add_argument("--granularity", default="fused", choices=("operator", "fused", "block"))
+    if granularity:
+        p.add_argument("--granularity", default="fused", choices=("operator", "fused", "block"))
 
 
 def _add_tuning_args(p: argparse.ArgumentParser) -> None:
     # Unset flags stay None so that the [tune] table of the config decides (see TuneConfig).
     p.add_argument("work", help="work directory written by `autotailor compile`")
     p.add_argument("--data", required=True, help="cifar10:PATH, imagefolder:PATH or digits")
-    p.add_argument("--config", help="TOML file whose [tune] table sets what the flags do not")
+    p.add_argument("--config", help="TOML file whose [train] / [tune] table sets what the flags do not")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--steps", type=int)
     p.add_argument("--optimizer", choices=("sgd", "adamw"))
@@ -397,11 +491,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("demo", help="run the pipeline on an embedded default, offline")
-    p.add_argument("--model", default="torchvision:mobilenet_v3_large")
+    p = sub.add_parser("sensitivity", help="measure each single modification's accuracy drop (resumable)")
+    p.add_argument("work")
+    p.add_argument("--data", required=True, help="cifar10:PATH, imagefolder:PATH or digits")
+    p.add_argument("--config", help="TOML file whose [sensitivity] table sets what the flags do not")
+    p.add_argument("--validation-images", type=int, help="the first N validation images (2000)")
+    p.add_argument("--calibration-batches", type=int, help="training batches to recalibrate BatchNorm on (10)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sensitivity)
+
+    p = sub.add_parser("search", help="the most accurate SubNet for each budget, and the Pareto front")
+    _add_latency_args(p, granularity=False)
+    p.add_argument("--latency-ms", help="latency budgets, e.g. 2,4,8 (needs the device's LUT)")
+    p.add_argument("--macs-m", help="budgets in millions of MACs")
+    p.add_argument("--params-m", help="budgets in millions of parameters")
+    p.add_argument("--memory-mb", help="budgets in MiB of parameters plus peak activations")
+    p.add_argument("--config", help="TOML file whose [search] table sets what the flags do not")
+    p.add_argument("--budgets", type=int, help="N budgets spanning the space along --axis (if no list is given)")
+    p.add_argument("--axis", choices=("latency_ms", "macs", "params", "memory_bytes"))
+    p.add_argument("--generations", type=int)
+    p.add_argument("--population", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("export", help="write chosen SubNets as deployable files and measure them")
+    p.add_argument("work")
+    p.add_argument("--pick", help="all, a budget (8ms, 300mmacs, latency_ms=8) or its position (default all)")
+    p.add_argument("--config", help="TOML file whose [export] (and [sensitivity]) table sets what the flags do not")
+    p.add_argument("--format", help="onnx, torchscript, ncnn, or several: onnx,ncnn (default onnx)")
+    p.add_argument("--data", help="data to recalibrate BatchNorm and measure accuracy (default: sensitivity's)")
+    p.add_argument("--device", help="where to measure latency (default: the search's device; none to skip)")
+    p.add_argument("--device-name", help="name of this machine in the LUT (default: the host name)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("report", help="write WORK/report.md and report.png from the steps' results")
+    p.add_argument("work")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("run", help="every step from one TOML file with a [run] table (resumable)")
+    p.add_argument("config")
+    p.add_argument("--work", help="work directory (default: the config's path without .toml)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="the whole pipeline on an embedded default, offline, in minutes")
     p.add_argument("--out", default="autotailor-demo")
-    p.add_argument("--input-size", type=int, default=224)
-    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
     return parser
 

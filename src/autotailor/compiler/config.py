@@ -33,7 +33,7 @@ from autotailor.errors import ConfigError
 DEFAULT_STAGE_WIDTH = (0.5, 0.75, 1.0)
 DEFAULT_GLOBAL_WIDTH = (0.75, 1.0)
 DEFAULT_DEPTH = (-2, -1, 0)
-STEP_TABLES = ("tune",)
+STEP_TABLES = ("run", "train", "tune", "sensitivity", "search", "export")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ OnNode = Callable[[str, fx.Node, Any], None]
 # Layers whose output has their input's shape; meta kernels of some of them (hardswish)
 # are slow Python decompositions, so the shape is passed through instead.
 _SAME_SHAPE = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.Sigmoid, nn.GELU, nn.Tanh,
-               nn.LeakyReLU, nn.Dropout, nn.Identity)
+               nn.LeakyReLU, nn.Dropout, nn.Identity, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
 
 
 def to_meta(value: Any) -> Any:

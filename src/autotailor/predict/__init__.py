@@ -1,1 +1,1 @@
-"""Predictors: latency (lookup tables of profiled kernels) and, later, accuracy."""
+"""Predictors: latency (lookup tables of profiled kernels) and accuracy (modification sensitivities)."""

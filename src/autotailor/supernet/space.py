@@ -135,6 +135,15 @@ class Space:
             full[v.name] = value
         return full
 
+    def dropped_blocks(self, arch: Arch) -> set[int]:
+        """The droppable blocks ``arch`` leaves out (``stageS.reduce_depth = -d`` drops the last d)."""
+        out: set[int] = set()
+        for s, stage in enumerate(self.stages):
+            d = arch.get(f"stage{s}.reduce_depth", 0)
+            if d:
+                out.update(stage.droppable[len(stage.droppable) + d:])
+        return out
+
     def describe(self) -> list[dict[str, Any]]:
         return [
             {"name": v.name, "kind": v.kind, "choices": list(v.choices), "targets": list(v.targets)}

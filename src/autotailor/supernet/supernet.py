@@ -84,18 +84,10 @@ class SuperNet(nn.Module):
             op.feature.reset()
             if changes:
                 op.transform(**changes)
-        kept = self._kept_blocks(arch)
+        dropped = self.space.dropped_blocks(arch)
         for block in self.blocks():
-            block.transform(enabled=block.index in kept)
+            block.transform(enabled=block.index not in dropped)
         self._arch = arch
-
-    def _kept_blocks(self, arch: Arch) -> set[int]:
-        kept = set()
-        for s, stage in enumerate(self.space.stages):
-            name = f"stage{s}.reduce_depth"
-            d = arch.get(name, 0)
-            kept |= set(stage.droppable[: len(stage.droppable) + d])
-        return kept
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from autotailor.data.loader import BatchLoader, at_resolution
 from autotailor.errors import AutoTailorError
+from autotailor.settings import merge_settings
 from autotailor.supernet import Arch, SuperNet
 
 log = logging.getLogger(__name__)
@@ -58,21 +59,8 @@ class TuneConfig:
 
     @classmethod
     def from_settings(cls, *tables: dict[str, object]) -> "TuneConfig":
-        """Settings merged from ``tables``, later ones winning (config file, then command line);
-        an unknown key or a value of the wrong type names the key and what is allowed."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        merged: dict[str, object] = {}
-        for table in tables:
-            for key, value in table.items():
-                if key not in fields:
-                    raise AutoTailorError(f"unknown tune setting {key!r}; allowed: {', '.join(fields)}")
-                kind = type(getattr(cls(), key))
-                if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                    value = float(value)
-                if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                    raise AutoTailorError(f"tune.{key} = {value!r} is not allowed; expected a {kind.__name__}")
-                merged[key] = value
-        return cls(**merged)
+        """Settings merged from ``tables``, later ones winning (config file, then command line)."""
+        return merge_settings(cls, "tune", *tables)
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:

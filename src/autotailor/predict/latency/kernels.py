@@ -418,12 +418,7 @@ class KernelPlan:
 
     def dropped(self, arch: Arch) -> set[int]:
         """The droppable blocks SubNet ``arch`` leaves out."""
-        out: set[int] = set()
-        for s, stage in enumerate(self.sn.space.stages):
-            d = arch.get(f"stage{s}.reduce_depth", 0)
-            if d:
-                out.update(stage.droppable[len(stage.droppable) + d:])
-        return out
+        return self.sn.space.dropped_blocks(arch)
 
     def kernel_ids(self, arch: Arch) -> list[int]:
         """The kernels SubNet ``arch`` runs (with repetition), in execution order."""

@@ -1,0 +1,107 @@
+"""The export step: chosen SubNets as deployable files, each measured on its target.
+
+A SubNet is extracted with its BatchNorm statistics recalibrated on training batches (a
+tuned SuperNet's shared statistics are those of the largest SubNet; a small SubNet exported
+with them loses most of its accuracy), written in every requested format, timed on the
+search's device and evaluated on the validation subset, beside what was predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotailor.deploy import export_ncnn, export_onnx, export_torchscript
+from autotailor.errors import ExportError
+from autotailor.pipeline.workdir import EXPORTS, DeviceSetup, EvalData, write_json
+from autotailor.tune import evaluate, recalibrated
+
+log = logging.getLogger(__name__)
+
+#: format -> (writer of ``net`` at ``path`` for ``input_shape``, file name)
+FORMATS: dict[str, tuple[Callable[..., Any], str]] = {
+    "onnx": (export_onnx, "subnet.onnx"),
+    "torchscript": (export_torchscript, "subnet.torchscript.pt"),
+    "ncnn": (export_ncnn, "subnet.param"),  # and subnet.bin
+}
+#: the format each latency backend runs, so an exported file is timed as it is
+BACKEND_FORMAT = {"ort-cpu": "onnx", "ncnn": "ncnn", "torch": "torchscript"}
+
+
+def check_formats(formats: Sequence[str]) -> list[str]:
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ExportError(f"unknown export format(s) {bad or formats}; allowed: {list(FORMATS)}")
+    return list(formats)
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """The ``[export]`` table."""
+
+    formats: tuple = ("onnx",)
+    pick: str = "all"  # all, a budget label (8ms, latency_ms=8) or a budget's position
+
+
+@dataclass
+class Exported:
+    name: str
+    arch: dict[str, Any]
+    files: list[str]
+    predicted: dict[str, float | None]
+    measured: dict[str, float | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arch": self.arch, "files": self.files, "predicted": self.predicted,
+                "measured": self.measured}
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def export_choices(sn, work: str | Path, choices: Sequence[dict[str, Any]], formats: Sequence[str],
+                   data: EvalData | None, device: DeviceSetup | None,
+                   on_done: Callable[[Exported], None] | None = None) -> list[Exported]:
+    """Export each chosen SubNet (``search.json`` entries) and measure it; write ``WORK/exports.json``."""
+    formats = check_formats(formats)
+    out = []
+    for choice in choices:
+        arch = sn.space.complete(choice["arch"])
+        folder = Path(work) / "export" / _slug(choice["budget"])
+        folder.mkdir(parents=True, exist_ok=True)
+        shape = tuple(sn.input_shape(arch))
+        if data is not None:
+            with recalibrated(sn, arch, data.calibration):
+                net = sn.extract(arch).eval()
+        else:
+            log.warning("exporting %s without BatchNorm recalibration (no data given)", choice["budget"])
+            net = sn.extract(arch).eval()
+        files: dict[str, list[Path]] = {}
+        for fmt in formats:
+            writer, filename = FORMATS[fmt]
+            written = writer(net, folder / filename, shape)
+            files[fmt] = list(written) if isinstance(written, tuple) else [written]
+        measured: dict[str, float | None] = {"latency_ms": None, "accuracy": None}
+        if device is not None:
+            backend = device.backend
+            own = files.get(BACKEND_FORMAT.get(backend.name, ""))
+            with tempfile.TemporaryDirectory() as tmp:
+                path = own[0] if own else backend.deploy(net, Path(tmp) / "subnet", shape)
+                measured["latency_ms"] = backend.time(backend.load(path, shape)).median_ms
+        if data is not None:
+            measured["accuracy"] = evaluate(sn, arch, data.val, data.calibration)
+        predicted = {"accuracy": choice.get("accuracy"), **choice.get("metrics", {})}
+        item = Exported(choice["budget"], arch, [str(p) for paths in files.values() for p in paths], predicted,
+                        measured)
+        (folder / "arch.json").write_text(json.dumps(arch, indent=1))
+        out.append(item)
+        if on_done:
+            on_done(item)
+    write_json(Path(work) / EXPORTS, [e.to_dict() for e in out])
+    return out

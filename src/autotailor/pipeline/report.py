@@ -1,0 +1,119 @@
+"""The run's report: ``WORK/report.md`` and ``WORK/report.png``, from the JSON the steps wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from autotailor.pipeline.workdir import EXPORTS, RUN, SEARCH, SENSITIVITY
+from autotailor.search import METRICS
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _fmt(metric: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if metric == "accuracy":
+        return f"{100 * value:.2f} %"
+    unit, scale = METRICS[metric]
+    return f"{value / scale:.3g} {unit}"
+
+
+def plot(work: Path, search: dict[str, Any], exports: list[dict[str, Any]] | None) -> Path:
+    """The Pareto front (predicted), the chosen SubNets (predicted and, if exported, measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a server
+    import matplotlib.pyplot as plt
+
+    axis = search["axis"]
+    unit, scale = METRICS[axis]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    front = search["front"]
+    ax.plot([f[axis] / scale for f in front], [100 * f["accuracy"] for f in front], "-", color="0.6",
+            label="Pareto front (predicted)")
+    chosen = [c for c in search["choices"] if c["arch"] is not None]
+    ax.plot([c["metrics"][axis] / scale for c in chosen], [100 * c["accuracy"] for c in chosen], "o",
+            color="tab:blue", label="chosen SubNets (predicted)")
+    measured = [e for e in exports or [] if e["measured"].get("accuracy") is not None
+                and (axis != "latency_ms" or e["measured"].get("latency_ms") is not None)]
+    if measured:
+        xs = [(e["measured"]["latency_ms"] if axis == "latency_ms" else e["predicted"][axis]) / scale for e in measured]
+        ax.plot(xs, [100 * e["measured"]["accuracy"] for e in measured], "s", color="tab:red",
+                label="exported SubNets (measured)")
+    for c in chosen:
+        if axis in c["limits"]:
+            ax.axvline(c["limits"][axis] / scale, color="tab:blue", alpha=0.08, lw=1)
+    ax.set_xlabel(f"{axis} ({unit})" + (f" on {search['target']}" if axis == "latency_ms" and search["target"] else ""))
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = work / "report.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(work: str | Path) -> Path:
+    """Write ``WORK/report.md`` (and ``report.png`` when a search has run); returns the Markdown path."""
+    work = Path(work)
+    compile_info = _load(work / "compile.json") or {}
+    run = _load(work / RUN)
+    sens = _load(work / SENSITIVITY)
+    search = _load(work / SEARCH)
+    exports = _load(work / EXPORTS)
+    lines = [f"# AutoTailor report: {compile_info.get('source', work.name)}", ""]
+    if compile_info:
+        lines += [f"SuperNet: {compile_info.get('num_modifications')} single modifications, "
+                  f"10^{compile_info.get('log10_space_size', 0):.1f} SubNets; "
+                  f"input {compile_info.get('input_shape')}.", ""]
+    if run:
+        lines += ["## Time per step", "", "| step | seconds |", "|---|---|"]
+        lines += [f"| {s} | {info['seconds']:.1f} |" for s, info in run.get("steps", {}).items()]
+        total = sum(info["seconds"] for info in run.get("steps", {}).values())
+        lines += [f"| total | {total:.1f} |", ""]
+    if sens:
+        worst = sorted(sens["deltas"].items(), key=lambda kv: -kv[1])[:5]
+        lines += ["## Accuracy predictor (sensitivities)", "",
+                  f"Largest SubNet: {_fmt('accuracy', sens['base_accuracy'])} on {sens['validation_images']} "
+                  f"validation images ({sens['info'].get('data', '?')}); {len(sens['deltas'])} modifications "
+                  f"measured in {sens['seconds']:.1f} s. Most sensitive: "
+                  + ", ".join(f"`{k}` {100 * v:.2f} pts" for k, v in worst) + ".", ""]
+    if search:
+        lines += ["## Search", "",
+                  f"{len(search['choices'])} budgets searched in {search['seconds']:.1f} s "
+                  f"({search['predictions']} predictions; beam {search['beam_size']} SubNets)"
+                  + (f" for {search['target']}" if search["target"] else "") + ".", "",
+                  "| budget | predicted accuracy | " + " | ".join(f"predicted {m}" for m in _shown(search)) + " |",
+                  "|---|---|" + "---|" * len(_shown(search))]
+        for c in search["choices"]:
+            cells = [_fmt(m, c["metrics"].get(m)) for m in _shown(search)] if c["arch"] else ["no SubNet meets it"]
+            lines.append(f"| {c['budget']} | {_fmt('accuracy', c['accuracy'])} | " + " | ".join(cells) + " |")
+        lines += ["", f"![Pareto front]({plot(work, search, exports).name})", ""]
+    if exports:
+        lines += ["## Exported SubNets, measured", "",
+                  "| budget | predicted latency | measured latency | predicted accuracy | measured accuracy | files |",
+                  "|---|---|---|---|---|---|"]
+        for e in exports:
+            files = ", ".join(f"`{Path(f).relative_to(work) if Path(f).is_relative_to(work) else f}`"
+                              for f in e["files"])
+            lines.append(f"| {e['name']} | {_fmt('latency_ms', e['predicted'].get('latency_ms'))} | "
+                         f"{_fmt('latency_ms', e['measured'].get('latency_ms'))} | "
+                         f"{_fmt('accuracy', e['predicted'].get('accuracy'))} | "
+                         f"{_fmt('accuracy', e['measured'].get('accuracy'))} | {files} |")
+        lines.append("")
+    path = work / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _shown(search: dict[str, Any]) -> list[str]:
+    """Metrics shown per budget: the constrained ones first, then latency and MACs if known."""
+    constrained = sorted({m for c in search["choices"] for m in c["limits"]})
+    known = next((c["metrics"] for c in search["choices"] if c["arch"]), {})
+    return constrained + [m for m in ("latency_ms", "macs", "memory_bytes") if m in known and m not in constrained]

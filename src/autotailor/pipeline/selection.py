@@ -1,0 +1,163 @@
+"""The search step: predictors of a work directory, budgets, and ``search.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotailor.errors import AutoTailorError
+from autotailor.pipeline.workdir import SEARCH, SENSITIVITY, DeviceSetup, read_json, write_json
+from autotailor.search import (METRICS, Budget, Choice, EvolutionSettings, Objectives, SearchError, SearchResult,
+                               search)
+from autotailor.supernet import Arch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """The ``[search]`` table: budgets (lists of limits, or a count spanning ``axis``) and the
+    evolution's settings."""
+
+    latency_ms: tuple = ()
+    macs: tuple = ()
+    params: tuple = ()
+    memory_bytes: tuple = ()
+    budgets: int = 0  # this many budgets evenly spaced along ``axis``, when no list is given
+    axis: str = "latency_ms"
+    population: int = 100
+    generations: int = 30
+    beam_width: int = 4
+    seed: int = 0
+
+    def evolution(self) -> EvolutionSettings:
+        return EvolutionSettings(population=self.population, generations=self.generations,
+                                 beam_width=self.beam_width, seed=self.seed)
+
+    def limits(self) -> dict[str, tuple]:
+        return {m: getattr(self, m) for m in ("latency_ms", "macs", "params", "memory_bytes") if getattr(self, m)}
+
+    def budget_list(self, objectives: Objectives) -> list[Budget]:
+        if self.limits():
+            return zip_budgets(self.limits())
+        if self.budgets < 1:
+            raise SearchError("no budget given: set latency_ms, macs, params or memory_bytes, or budgets = N "
+                              "(N budgets spanning the space along axis)")
+        if self.axis not in METRICS:
+            raise SearchError(f"search.axis = {self.axis!r} is not allowed; expected one of {list(METRICS)}")
+        return span_budgets(objectives, self.axis, self.budgets)
+
+
+def objectives_for(sn, work: str | Path, device: DeviceSetup | None) -> Objectives:
+    """Predicted accuracy from ``WORK/sensitivity.json``; latency from the device's LUT (if a
+    device is given); MACs, parameters and memory counted from the SuperNet's shapes."""
+    from autotailor.predict.accuracy import SensitivityPredictor, SensitivityTable
+    from autotailor.predict.latency import CostModel, KernelPlan, LatencyPredictor
+
+    table = SensitivityTable.load(Path(work) / SENSITIVITY)
+    accuracy = SensitivityPredictor(sn.space, table)
+    costs = CostModel(device.plan if device else KernelPlan(sn, "none", "fused"))
+    cache: dict[tuple, Any] = {}
+    names = [v.name for v in sn.space.variables]
+
+    def counted(field: str) -> Callable[[Arch], float]:
+        def value(arch: Arch) -> float:
+            key = tuple(arch[n] for n in names)
+            if key not in cache:
+                cache[key] = costs.costs(arch)
+            return getattr(cache[key], field)
+        return value
+
+    metrics: dict[str, Callable[[Arch], float]] = {m: counted(m) for m in METRICS if m != "latency_ms"}
+    if device is not None:
+        with device.store:
+            try:
+                metrics["latency_ms"] = LatencyPredictor.from_store(device.plan, device.store, device.target).predict
+            except AutoTailorError as exc:
+                raise SearchError(f"{exc}: run `autotailor profile {work} --device {device.spec}`") from exc
+    return Objectives(sn.space, accuracy.predict, metrics)
+
+
+def span_budgets(objectives: Objectives, metric: str, count: int) -> list[Budget]:
+    """``count`` budgets evenly spaced from the smallest SubNet's ``metric`` to the largest's."""
+    space = objectives.space
+    lo, hi = objectives.metric(metric, space.min()), objectives.metric(metric, space.max())
+    if count < 2:
+        return [Budget.of(**{metric: hi})]
+    return [Budget.of(**{metric: _three_digits(lo + (hi - lo) * i / (count - 1), up=i == 0)}) for i in range(count)]
+
+
+def _three_digits(value: float, up: bool) -> float:
+    """``value`` to three significant digits, budgets being labels a user types back (--pick
+    1.23ms); rounded up for the smallest budget, which the smallest SubNet must still meet."""
+    if value <= 0:
+        return value
+    unit = 10.0 ** (math.floor(math.log10(value)) - 2)
+    return float(f"{(math.ceil(value / unit) if up else round(value / unit)) * unit:.3g}")
+
+
+def zip_budgets(limits: dict[str, Sequence[float]]) -> list[Budget]:
+    """Budgets from per-metric lists: lists of one value apply to every budget, the others
+    (all of one length) are taken position by position."""
+    lengths = {len(v) for v in limits.values() if len(v) != 1}
+    if len(lengths) > 1:
+        raise SearchError(f"budget lists of different lengths {sorted(lengths)}: give each metric one value "
+                          "or the same number of values")
+    n = lengths.pop() if lengths else 1
+    return [Budget.of(**{m: (v[0] if len(v) == 1 else v[i]) for m, v in limits.items()}) for i in range(n)]
+
+
+def _choice_dict(choice: Choice) -> dict[str, Any]:
+    return {"budget": choice.budget.name, "limits": choice.budget.as_dict(), "arch": choice.arch,
+            "accuracy": choice.accuracy, "metrics": choice.metrics, "seconds": round(choice.seconds, 4)}
+
+
+def run_search(sn, work: str | Path, device: DeviceSetup | None, budgets: Sequence[Budget],
+               settings: EvolutionSettings, objectives: Objectives | None = None,
+               on_budget: Callable[[int, Choice], None] | None = None) -> SearchResult:
+    """Search every budget and write ``WORK/search.json``."""
+    objectives = objectives or objectives_for(sn, work, device)
+    result = search(sn.space, objectives, budgets, settings, on_budget)
+    write_json(Path(work) / SEARCH, {
+        "device": device.spec if device else None,
+        "target": str(device.target) if device else None,
+        "axis": result.axis,
+        "settings": dataclasses.asdict(settings),
+        "seconds": result.seconds,
+        "predictions": result.predictions,
+        "beam_size": result.beam_size,
+        "choices": [_choice_dict(c) for c in result.choices],
+        "front": [{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
+    })
+    return result
+
+
+def read_search(work: str | Path) -> dict[str, Any]:
+    return read_json(Path(work) / SEARCH, "no search has run here",
+                     f"run `autotailor search {work} --latency-ms ...` first")
+
+
+def pick(search_json: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The chosen SubNets ``name`` designates: ``all``, a budget label (``8ms``, ``latency_ms=8``)
+    or a budget's position (0, 1, ...)."""
+    from autotailor.search import parse_budget_label
+
+    found = [c for c in search_json["choices"] if c["arch"] is not None]
+    if name == "all":
+        return found
+    if name.isdigit():
+        i = int(name)
+        if i < len(search_json["choices"]) and search_json["choices"][i]["arch"] is not None:
+            return [search_json["choices"][i]]
+    else:
+        metric, value = parse_budget_label(name)
+        matches = [c for c in found if abs(c["limits"].get(metric, float("nan")) - value) <= 1e-9 * max(1, value)]
+        if matches:
+            return matches
+    labels = ", ".join(c["budget"] for c in found) or "none (no budget was met)"
+    raise SearchError(f"--pick {name!r} names no chosen SubNet; the search chose: {labels} (or pick all, or 0..)")

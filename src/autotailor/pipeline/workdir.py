@@ -1,0 +1,118 @@
+"""The work directory: where every step reads its inputs and writes its results.
+
+```
+WORK/supernet.pt        compile, train, tune     the SuperNet and its weights
+WORK/latency.sqlite     profile                  latency lookup tables, one per target
+WORK/sensitivity.json   sensitivity              Δ of every single modification
+WORK/search.json        search                   the SubNet chosen per budget, the Pareto front
+WORK/export/NAME/       export                   deployable SubNets; WORK/exports.json their measurements
+WORK/report.md, .png    report                   the run's report and plot
+WORK/run.json           run                      which steps of `autotailor run` are done, and their times
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotailor.errors import AutoTailorError
+
+SENSITIVITY = "sensitivity.json"
+SEARCH = "search.json"
+EXPORTS = "exports.json"
+LUT = "latency.sqlite"
+RUN = "run.json"
+
+
+def read_json(path: Path, what: str, how: str) -> Any:
+    """``path``'s JSON, or an error that says which step writes it."""
+    if not path.is_file():
+        raise AutoTailorError(f"{path} does not exist: {what}; {how}")
+    return json.loads(path.read_text())
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomic: a crash leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def load_supernet(work: str | Path):
+    import autotailor as at
+
+    path = Path(work) / "supernet.pt"
+    if not path.is_file():
+        raise AutoTailorError(f"{work} holds no supernet.pt; run `autotailor compile MODEL --out {work}` first")
+    return at.load(path)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The ``[sensitivity]`` table: how SubNets are evaluated (sensitivities, exports)."""
+
+    validation_images: int = 2000  # the first N of the validation split (all of it if fewer)
+    calibration_batches: int = 10
+    batch_size: int = 128
+    seed: int = 0
+
+
+@dataclass
+class EvalData:
+    """A fixed validation subset and calibration batches, both at the SuperNet's largest resolution
+    (each SubNet resizes them to its own)."""
+
+    spec: str
+    val: list[tuple[torch.Tensor, torch.Tensor]]
+    calibration: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def images(self) -> int:
+        return sum(len(y) for _, y in self.val)
+
+    def describe(self) -> dict[str, Any]:
+        return {"data": self.spec, "validation_images": self.images, "calibration_batches": len(self.calibration)}
+
+
+def eval_data(spec: str, resolution: int, settings: EvalSettings = EvalSettings()) -> EvalData:
+    """The first ``validation_images`` of the validation split and ``calibration_batches``
+    augmented training batches, the same on every call with the same arguments."""
+    import numpy as np
+
+    from autotailor.data import BatchLoader, load_data
+
+    s = settings
+    train, val = load_data(spec, seed=s.seed)
+    val = val.subset(np.arange(min(s.validation_images, len(val))))
+    calib = BatchLoader(train, s.batch_size, train=True, resolution=resolution, seed=s.seed)
+    return EvalData(spec, list(BatchLoader(val, s.batch_size, train=False, resolution=resolution)),
+                    [calib.batch(0, i) for i in range(min(s.calibration_batches, len(calib)))])
+
+
+@dataclass
+class DeviceSetup:
+    """A device spec resolved for a work directory: backend, kernel plan, LUT and target."""
+
+    spec: str
+    backend: Any
+    plan: Any
+    store: Any
+    target: Any
+
+
+def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None, lut: str | Path | None = None,
+                 granularity: str = "fused") -> DeviceSetup:
+    from autotailor.predict.latency import KernelPlan, LutStore, Target, make_backend, parse_device
+
+    name, settings = parse_device(spec)
+    backend = make_backend(name, **settings)
+    plan = KernelPlan(sn, name, granularity)
+    target = Target.of(device_name or socket.gethostname(), name, **backend.settings)
+    return DeviceSetup(spec, backend, plan, LutStore(lut or Path(work) / LUT), target)

@@ -1,0 +1,164 @@
+"""`autotailor run`: every step from one TOML file, resumable; exports run without AutoTailor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import autotailor as at
+from autotailor.cli import main
+from autotailor.compiler.config import load_config
+from autotailor.pipeline.deployment import ExportSettings
+from autotailor.pipeline.run import DEMO_CONFIG, plan_run
+from autotailor.pipeline.selection import SearchSettings
+from autotailor.pipeline.workdir import EvalSettings, eval_data
+from autotailor.settings import merge_settings
+from autotailor.tune import TuneConfig, recalibrated
+
+CONFIG = """\
+[run]
+model = "torchvision:resnet18"
+input_size = 32
+data = "digits"
+device = "ort-cpu:threads=1,warmup=1,repeats=5,budget_s=0.05"
+[var.global_vars]
+resolution = [24, 32]
+width_ratio = [1.0]
+[var.stage_vars]
+reduce_depth = [-1, 0]
+width_ratio = [0.5, 1.0]
+[var.block_vars]
+BasicBlock.expand_ratio = [1.0]
+[train]
+steps = 3
+[tune]
+steps = 2
+[sensitivity]
+validation_images = 64
+calibration_batches = 1
+batch_size = 32
+[search]
+budgets = 3
+population = 8
+generations = 2
+[export]
+formats = ["onnx", "ncnn"]
+pick = "1"
+"""
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """One finished run (shared by the tests below: it takes a minute)."""
+    root = tmp_path_factory.mktemp("run")
+    config = root / "tailor.toml"
+    config.write_text(CONFIG.replace('pick = "1"', 'pick = "7ms"'))  # a budget the search will not have
+    code = main(["run", str(config)])
+    assert code == 2  # the export step fails on the bad pick; everything before it is recorded
+    record = json.loads((root / "tailor" / "run.json").read_text())
+    assert list(record["steps"]) == ["compile", "train", "tune", "profile", "sensitivity", "search"]
+    config.write_text(CONFIG)
+    assert main(["run", str(config)]) == 0
+    return root / "tailor"
+
+
+def test_run_resumes_at_the_failed_step_and_writes_everything(run_dir, capsys) -> None:
+    record = json.loads((run_dir / "run.json").read_text())
+    assert list(record["steps"]) == ["compile", "train", "tune", "profile", "sensitivity", "search", "export"]
+    assert all(s["seconds"] > 0 for s in record["steps"].values())
+    search = json.loads((run_dir / "search.json").read_text())
+    assert len(search["choices"]) == 3 and search["axis"] == "latency_ms"
+    for c in search["choices"]:
+        assert c["metrics"]["latency_ms"] <= c["limits"]["latency_ms"] and c["accuracy"] <= 1
+    exports = json.loads((run_dir / "exports.json").read_text())
+    assert [e["name"] for e in exports] == [search["choices"][1]["budget"]]
+    e = exports[0]
+    assert e["measured"]["latency_ms"] > 0 and 0 <= e["measured"]["accuracy"] <= 1
+    assert sorted(p.rsplit("/", 1)[1] for p in e["files"]) == ["subnet.bin", "subnet.onnx", "subnet.param"]
+    report = (run_dir / "report.md").read_text()
+    for text in ("## Time per step", "## Search", "## Exported SubNets, measured", "![Pareto front](report.png)"):
+        assert text in report
+    assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a second run redoes nothing but the report
+    capsys.readouterr()
+    assert main(["run", str(run_dir.parent / "tailor.toml")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("done before") == 7 and json.loads((run_dir / "run.json").read_text()) == record
+
+
+def test_exported_subnets_run_without_autotailor(run_dir, tmp_path) -> None:
+    e = json.loads((run_dir / "exports.json").read_text())[0]
+    sn = at.load(run_dir / "supernet.pt")
+    arch = sn.space.complete(e["arch"])
+    data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
+    x = torch.randn(sn.input_shape(arch), generator=torch.Generator().manual_seed(0))
+    with recalibrated(sn, arch, data.calibration), torch.no_grad():
+        ref = sn(x)
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "ref.npy", ref.numpy())
+    onnx_path = next(f for f in e["files"] if f.endswith(".onnx"))
+    param = next(f for f in e["files"] if f.endswith(".param"))
+    code = f"""
+        import sys
+        sys.modules["autotailor"] = None
+        sys.modules["torch"] = None  # the runtimes alone
+        import numpy as np, onnxruntime as ort, ncnn
+        x, ref = np.load("{tmp_path}/x.npy"), np.load("{tmp_path}/ref.npy")
+        scale = np.abs(ref).max()
+        y = ort.InferenceSession("{onnx_path}", providers=["CPUExecutionProvider"]).run(None, {{"input": x}})[0]
+        assert np.abs(y - ref).max() <= 1e-4 * scale, ("onnx", np.abs(y - ref).max() / scale)
+        net = ncnn.Net()
+        net.load_param("{param}")
+        net.load_model("{param[:-6]}.bin")
+        ex = net.create_extractor()
+        ex.input("in0", ncnn.Mat(np.ascontiguousarray(x[0])).clone())
+        _, out = ex.extract("out0")
+        y = np.array(out).reshape(ref.shape)
+        assert np.abs(y - ref).max() <= 1e-3 * scale, ("ncnn", np.abs(y - ref).max() / scale)
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True, timeout=300)
+
+
+def test_search_and_export_commands(run_dir, capsys) -> None:
+    work = str(run_dir)
+    assert main(["search", work, "--macs-m", "8,20", "--device", "none", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert [c["limits"] for c in result["choices"]] == [{"macs": 8e6}, {"macs": 20e6}]
+    assert all(c["arch"] is None or c["metrics"]["macs"] <= c["limits"]["macs"] for c in result["choices"])
+    assert "latency_ms" not in result["choices"][-1]["metrics"] or result["device"] is None
+    assert main(["export", work, "--pick", "9ms"]) == 2
+    assert "--pick '9ms' names no chosen SubNet; the search chose: macs=" in capsys.readouterr().err
+    assert main(["export", work, "--format", "tflite"]) == 2
+    assert "unknown export format(s) ['tflite']; allowed: ['onnx', 'torchscript', 'ncnn']" in capsys.readouterr().err
+    assert main(["search", work, "--latency-ms", "1", "--device", "none"]) == 2
+    assert "latency budgets need a device" in capsys.readouterr().err
+
+
+def test_run_config_errors(tmp_path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run]\nmodel = 'torchvision:resnet18'\nspeed = 'fast'\n")
+    with pytest.raises(at.AutoTailorError, match=r"unknown key\(s\) run.speed; allowed: \['model'"):
+        plan_run(bad)
+    bad.write_text("[run]\nmodel = 'torchvision:resnet18'\n")
+    with pytest.raises(at.AutoTailorError, match=r"\[run\] needs \['data'\]"):
+        plan_run(bad)
+    with pytest.raises(at.AutoTailorError, match="does not exist"):
+        plan_run(tmp_path / "missing.toml")
+    demo = tmp_path / "demo.toml"
+    demo.write_text(DEMO_CONFIG)
+    plan = plan_run(demo, tmp_path / "w")
+    assert [s for s, _ in plan.steps] == ["compile", "train", "tune", "profile", "sensitivity", "search", "export",
+                                         "report"]
+    # every step table of the demo is valid for its step
+    steps = load_config(demo).steps
+    for cls, section in ((TuneConfig, "train"), (TuneConfig, "tune"), (EvalSettings, "sensitivity"),
+                         (SearchSettings, "search"), (ExportSettings, "export")):
+        merge_settings(cls, section, steps[section])
+    with pytest.raises(at.AutoTailorError, match="unknown search setting 'budget'; allowed: latency_ms"):
+        merge_settings(SearchSettings, "search", {"budget": 3})
