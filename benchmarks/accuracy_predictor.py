@@ -1,0 +1,185 @@
+"""Ranking quality of the sensitivity accuracy predictor against Once-for-All's MLP predictor.
+
+Reproduce (from the repository root, after `make install` and benchmarks/tune_cifar10.py,
+whose tuned SuperNets it reads; about an hour per model on one core, resumable)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/accuracy_predictor.py --models mobilenet_v2
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/accuracy_predictor.py --models resnet18
+    .venv/bin/python benchmarks/accuracy_predictor.py --report-only
+
+For each tuned CIFAR-10 SuperNet:
+
+1. a fixed validation subset (the first ``--validation-images`` CIFAR-10 test images) and
+   ``--calibration-batches`` training batches to recalibrate BatchNorm for every SubNet;
+2. the sensitivity table (one evaluation per single modification, plus the largest SubNet),
+   timed: that is the predictor's whole build cost;
+3. a pool of ``--pool`` random SubNets (seeded), each evaluated: the ground truth;
+4. further random SubNets, disjoint from the pool, to train the MLP on: B, 2B, ... ``--mlp-max`` B
+   of them, where B is the sensitivity build's number of evaluations (equal budget);
+5. ranking quality on the pool: Kendall tau, and the paper's top-5 ranking accuracy (100
+   groups of 200 drawn from the pool; a group counts when the predicted best is among its
+   true top 5), for the sensitivity predictor and the MLP at each budget; the smallest MLP
+   budget that reaches the sensitivity predictor's top-5 accuracy gives the build-cost ratio.
+
+Every evaluation is kept in ``benchmarks/work/accuracy_predictor/state.json`` as it finishes.
+Results: ``benchmarks/results/accuracy_predictor.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from common import State, machine
+from scipy.stats import kendalltau
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))  # cifar_models, for SuperNets compiled from it
+
+
+def top5_accuracy(pred: np.ndarray, truth: np.ndarray, groups: int, size: int, seed: int = 0) -> float:
+    """Share of random groups whose predicted best SubNet is among the group's true top 5."""
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(groups):
+        idx = rng.choice(len(truth), size=min(size, len(truth)), replace=False)
+        best = idx[int(np.argmax(pred[idx]))]
+        top5 = set(idx[np.argsort(-truth[idx], kind="stable")[:5]].tolist())
+        hits += best in top5
+    return hits / groups
+
+
+def evaluate_all(sn, archs: list[dict], data, store: State, key: tuple[str, ...], label: str) -> list[float]:
+    from autotailor.tune import evaluate
+
+    done = store.get(*key) or {}
+    for i, arch in enumerate(archs):
+        if str(i) in done:
+            continue
+        started = time.perf_counter()
+        acc = evaluate(sn, arch, data.val, data.calibration)
+        done[str(i)] = {"accuracy": acc, "seconds": time.perf_counter() - started}
+        store.put(done, *key)
+        if (i + 1) % 25 == 0:
+            print(f"  {label}: {i + 1}/{len(archs)}", flush=True)
+    return [done[str(i)]["accuracy"] for i in range(len(archs))]
+
+
+def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
+    import autotailor as at
+    from autotailor.pipeline.workdir import EvalSettings, eval_data
+    from autotailor.predict.accuracy import MlpPredictor, SensitivityPredictor, measure_sensitivity
+
+    work = Path(args.tuned) / name
+    sn = at.load(work / "supernet.pt")
+    settings = EvalSettings(args.validation_images, args.calibration_batches, 128, 0)
+    data = eval_data(args.data, sn.example_shape[-1], settings)
+    out_dir = Path(args.work) / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"{name}: {sn.space.num_modifications} modifications, {data.images} validation images", flush=True)
+    table = measure_sensitivity(sn, data.val, data.calibration, out_dir / "sensitivity.json",
+                                info={"data": "cifar10", **data.describe()})
+    budget = len(table.deltas) + 1
+    sens = SensitivityPredictor(sn.space, table)
+    rng = random.Random(1)
+    pool = [sn.space.sample(rng) for _ in range(args.pool)]
+    truth = np.array(evaluate_all(sn, pool, data, store, (name, "pool"), "pool"))
+    seconds_per_eval = statistics.median(v["seconds"] for v in store.get(name, "pool").values())
+    extra_rng = random.Random(2)
+    extra = [sn.space.sample(extra_rng) for _ in range(args.mlp_max * budget)]
+    extra_acc = evaluate_all(sn, extra, data, store, (name, "mlp_train"), "MLP training SubNets")
+    results = {"modifications": len(table.deltas), "validation_images": data.images,
+               "calibration_batches": len(data.calibration), "pool": len(pool),
+               "seconds_per_evaluation": seconds_per_eval, "base_accuracy": table.base_accuracy,
+               "pool_accuracy": {"min": float(truth.min()), "median": float(np.median(truth)),
+                                 "max": float(truth.max())}}
+
+    def quality(pred: np.ndarray) -> dict:
+        return {"kendall_tau": float(kendalltau(pred, truth).statistic),
+                "top5": top5_accuracy(pred, truth, args.groups, args.group_size)}
+
+    results["sensitivity"] = {"evaluations": budget, "build_seconds": table.seconds, **quality(sens.predict_many(pool))}
+    results["mlp"] = []
+    for k in range(1, args.mlp_max + 1):
+        n = k * budget
+        started = time.perf_counter()
+        mlp = MlpPredictor(sn.space).fit(extra[:n], extra_acc[:n])
+        fit = time.perf_counter() - started
+        evals = sum(store.get(name, "mlp_train")[str(i)]["seconds"] for i in range(n))
+        results["mlp"].append({"evaluations": n, "budget_multiple": k, "build_seconds": evals + fit,
+                               "fit_seconds": fit, **quality(mlp.predict_many(pool))})
+    target = results["sensitivity"]["top5"]
+    match = next((m for m in results["mlp"] if m["top5"] >= target), None)
+    results["mlp_matching_top5"] = match and {"budget_multiple": match["budget_multiple"],
+                                              "cost_ratio": match["build_seconds"] / table.seconds}
+    return results
+
+
+def report(data: dict) -> str:
+    lines = ["# Accuracy predictor: sensitivities vs Once-for-All's MLP", "",
+             f"Command: `{data['command']}`", "", f"Machine: {json.dumps(data['machine'])}", "",
+             "| model | predictor | evaluations | build time (s) | Kendall tau | top-5 ranking accuracy |",
+             "|---|---|---|---|---|---|"]
+    for name, r in data["models"].items():
+        s = r["sensitivity"]
+        lines.append(f"| {name} | sensitivity | {s['evaluations']} | {s['build_seconds']:.0f} | "
+                     f"{s['kendall_tau']:.3f} | {100 * s['top5']:.0f} % |")
+        for m in r["mlp"]:
+            lines.append(f"| {name} | MLP ({m['budget_multiple']}x budget) | {m['evaluations']} | "
+                         f"{m['build_seconds']:.0f} | {m['kendall_tau']:.3f} | {100 * m['top5']:.0f} % |")
+    lines += ["", "Pool, validation subset and what an MLP needs to match:", ""]
+    for name, r in data["models"].items():
+        match = r["mlp_matching_top5"]
+        lines.append(f"- {name}: {r['pool']} random SubNets on {r['validation_images']} test images "
+                     f"({r['calibration_batches']} calibration batches each, median {r['seconds_per_evaluation']:.2f} s "
+                     f"per evaluation); pool accuracy {100 * r['pool_accuracy']['min']:.1f}-"
+                     f"{100 * r['pool_accuracy']['max']:.1f} % (median {100 * r['pool_accuracy']['median']:.1f}), "
+                     f"largest {100 * r['base_accuracy']:.2f} %. "
+                     + (f"The MLP matches the sensitivity predictor's top-5 accuracy at {match['budget_multiple']}x "
+                        f"its evaluations, {match['cost_ratio']:.1f}x its build time."
+                        if match else "No MLP budget tried matches the sensitivity predictor's top-5 accuracy."))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="mobilenet_v2,resnet18")
+    p.add_argument("--tuned", default=str(HERE / "work" / "tune_cifar10"), help="tune_cifar10.py's work directory")
+    p.add_argument("--data", default=f"cifar10:{HERE.parent.parent / 'shared' / 'data' / 'cifar10'}")
+    p.add_argument("--work", default=str(HERE / "work" / "accuracy_predictor"))
+    p.add_argument("--pool", type=int, default=500)
+    p.add_argument("--groups", type=int, default=100)
+    p.add_argument("--group-size", type=int, default=200)
+    p.add_argument("--validation-images", type=int, default=1000)
+    p.add_argument("--calibration-batches", type=int, default=5)
+    p.add_argument("--mlp-max", type=int, default=4, help="largest MLP budget, in multiples of the sensitivity build")
+    p.add_argument("--results", default=str(RESULTS), help="where the JSON and Markdown go")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    store = State(Path(args.work) / "state.json")
+    if not args.report_only:
+        for name in args.models.split(","):
+            store.put(run_model(name, args, store), name, "results")
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    models = {n: store.get(n, "results") for n in args.models.split(",") if store.get(n, "results")}
+    data = {"command": "python " + " ".join(sys.argv), "machine": machine("torch", "scipy"), "models": models,
+            "settings": {k: getattr(args, k) for k in ("pool", "groups", "group_size", "validation_images",
+                                                        "calibration_batches", "mlp_max")}}
+    (results / "accuracy_predictor.json").write_text(json.dumps(data, indent=1))
+    text = report(data)
+    (results / "accuracy_predictor.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

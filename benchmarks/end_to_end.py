@@ -1,0 +1,214 @@
+"""From a tuned SuperNet to measured SubNets for 40 latency budgets; and the demo, timed.
+
+Reproduce (from the repository root, after `make install`, benchmarks/tune_cifar10.py and
+benchmarks/accuracy_predictor.py, whose SuperNets, sensitivity tables and evaluated pools it
+reuses; on an otherwise idle machine, since it times models)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/end_to_end.py --models mobilenet_v2,resnet18
+    .venv/bin/python benchmarks/end_to_end.py --demo          # clean clone, make install, make demo
+    .venv/bin/python benchmarks/end_to_end.py --report-only
+
+Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
+
+1. ``autotailor profile`` builds the latency LUT (timed);
+2. ``autotailor search`` for ``--budgets`` latency budgets evenly spanning the space (timed);
+3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
+   (median of repeats; the SubNets are timed in two interleaved rounds so drift cancels)
+   and its accuracy measured on the validation subset of accuracy_predictor.py;
+4. the same latency measurement for that benchmark's pool of random SubNets, whose accuracy
+   is known: the chosen front must beat the pool (no random SubNet more accurate than every
+   chosen SubNet at or below its measured latency by more than 0.5 points).
+
+Demo part: a clean clone of this repository, ``make install`` and ``make demo``, each timed,
+and the report the demo wrote. Results: ``benchmarks/results/end_to_end.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import State, machine
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+BIN = Path(sys.executable).parent
+DEVICE = "ort-cpu:threads=1"
+sys.path.insert(0, str(HERE))  # cifar_models, for SuperNets compiled from it
+
+
+def cli(*argv: str) -> None:
+    print("$ autotailor " + " ".join(argv), flush=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([str(BIN / "autotailor"), *argv], check=True, env=env)
+
+
+def measure_latencies(sn, archs: list[dict], calibration, rounds: int = 2) -> list[float]:
+    """Median latency (ms) of each SubNet as ONNX on ONNX Runtime, timed in ``rounds``
+    interleaved passes (the median of the passes' medians)."""
+    from autotailor.predict.latency import make_backend, parse_device
+    from autotailor.tune import recalibrated
+
+    name, settings = parse_device(DEVICE)
+    backend = make_backend(name, **settings)
+    files = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, arch in enumerate(archs):
+            shape = tuple(sn.input_shape(arch))
+            with recalibrated(sn, arch, calibration):
+                net = sn.extract(arch).eval()
+            files.append((backend.deploy(net, Path(tmp) / f"subnet{i}", shape), shape))
+        # one session at a time: hundreds of loaded models would not fit in memory
+        times = [[backend.time(backend.load(path, shape)).median_ms for path, shape in files] for _ in range(rounds)]
+    return [statistics.median(t[i] for t in times) for i in range(len(archs))]
+
+
+def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
+    import numpy as np
+
+    import autotailor as at
+    from autotailor.pipeline.workdir import EvalSettings, eval_data
+    from autotailor.tune import evaluate
+
+    tuned = Path(args.tuned) / name
+    work = Path(args.work) / name
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(tuned / "supernet.pt", work / "supernet.pt")
+    for f in ("compile.json", "config.json", "space.json"):
+        shutil.copy2(tuned / f, work / f)
+    ap = Path(args.accuracy_work)
+    ap_state = json.loads((ap / "state.json").read_text())
+    shutil.copy2(ap / name / "sensitivity.json", work / "sensitivity.json")
+    ap_results = ap_state[name]["results"]  # the same validation subset and calibration
+    settings = EvalSettings(ap_results["validation_images"], ap_results["calibration_batches"], 128, 0)
+
+    started = time.perf_counter()
+    cli("profile", str(work), "--device", DEVICE, "--quiet")
+    profile_seconds = time.perf_counter() - started
+    cli("search", str(work), "--device", DEVICE, "--budgets", str(args.budgets))
+    found = json.loads((work / "search.json").read_text())
+    sn = at.load(work / "supernet.pt")
+    data = eval_data(args.data, sn.example_shape[-1], settings)
+    chosen = [c for c in found["choices"] if c["arch"] is not None]
+    archs = [sn.space.complete(c["arch"]) for c in chosen]
+    rng = random.Random(1)  # accuracy_predictor.py's pool, in its order
+    pool = [sn.space.sample(rng) for _ in range(len(ap_state[name]["pool"]))]
+    pool_acc = [ap_state[name]["pool"][str(i)]["accuracy"] for i in range(len(pool))][: args.pool]
+    pool = pool[: args.pool]
+    # Chosen and random SubNets timed in one interleaved session, so drift hits both alike.
+    measured = measure_latencies(sn, archs + pool, data.calibration)
+    chosen_lat, pool_lat = measured[: len(archs)], measured[len(archs):]
+    chosen_acc = [evaluate(sn, a, data.val, data.calibration) for a in archs]
+    rows = []
+    for c, lat, acc in zip(chosen, chosen_lat, chosen_acc):
+        rows.append({"budget_ms": c["limits"]["latency_ms"], "predicted_ms": c["metrics"]["latency_ms"],
+                     "measured_ms": lat, "predicted_accuracy": c["accuracy"], "measured_accuracy": acc,
+                     "within_budget_5pct": lat <= 1.05 * c["limits"]["latency_ms"]})
+    beaten = []
+    for lat, acc in zip(pool_lat, pool_acc):
+        best = max((a for cl, a in zip(chosen_lat, chosen_acc) if cl <= lat), default=None)
+        if best is None or acc > best + 0.005:
+            beaten.append({"measured_ms": lat, "accuracy": acc, "best_chosen_at_or_below": best})
+    return {"budgets": len(found["choices"]), "met": len(chosen), "profile_seconds": profile_seconds,
+            "search_seconds": found["seconds"], "predictions": found["predictions"], "rows": rows,
+            "within_budget_5pct": sum(r["within_budget_5pct"] for r in rows),
+            "pool": len(pool), "pool_beating_front": beaten,
+            "validation_images": data.images,
+            "pool_latency_ms": {"min": float(np.min(pool_lat)), "max": float(np.max(pool_lat))}}
+
+
+def run_demo() -> dict:
+    """Clone this repository (its last commit), install and run the demo, each timed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = Path(tmp) / "autotailor"
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        times = {}
+        for target in ("install", "demo"):
+            started = time.perf_counter()
+            done = subprocess.run(["make", target], cwd=clone, capture_output=True, text=True)
+            times[target] = time.perf_counter() - started
+            if done.returncode != 0:
+                raise SystemExit(f"make {target} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        report = (clone / "autotailor-demo" / "report.md").read_text()
+        run = json.loads((clone / "autotailor-demo" / "run.json").read_text())
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
+        return {"commit": commit.strip(), "install_seconds": times["install"], "demo_seconds": times["demo"],
+                "steps": {k: v["seconds"] for k, v in run["steps"].items()}, "report": report}
+
+
+def report(data: dict) -> str:
+    lines = ["# End to end: budgets to measured SubNets, and the demo", "",
+             f"Machine: {json.dumps(data['machine'])}", ""]
+    for name, r in data.get("models", {}).items():
+        rows = r["rows"]
+        errors = [abs(x["measured_ms"] / x["predicted_ms"] - 1) for x in rows]
+        lines += [f"## {name} on {DEVICE}", "",
+                  f"Command: `{data['commands'].get('search', '')}`", "",
+                  f"- LUT built in {r['profile_seconds']:.0f} s; {r['budgets']} budgets searched in "
+                  f"{r['search_seconds']:.1f} s ({r['predictions']} predictions); {r['met']} met.",
+                  f"- Chosen SubNets measuring within their budget +5 %: {r['within_budget_5pct']} of {len(rows)}; "
+                  f"median |measured/predicted - 1| {100 * statistics.median(errors):.1f} %.",
+                  f"- Random SubNets ({r['pool']}, measured {r['pool_latency_ms']['min']:.2f}-"
+                  f"{r['pool_latency_ms']['max']:.2f} ms) more accurate by > 0.5 points than every chosen SubNet "
+                  f"at or below their latency: {len(r['pool_beating_front'])}.", "",
+                  "| budget (ms) | predicted (ms) | measured (ms) | predicted acc. | measured acc. |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {x['budget_ms']:.3g} | {x['predicted_ms']:.3f} | {x['measured_ms']:.3f} | "
+                  f"{100 * x['predicted_accuracy']:.2f} % | {100 * x['measured_accuracy']:.2f} % |" for x in rows]
+        lines.append("")
+    demo = data.get("demo")
+    if demo:
+        lines += ["## `autotailor demo` from a clean clone", "",
+                  f"Commit {demo['commit'][:10]}: `make install` {demo['install_seconds']:.0f} s, "
+                  f"`make demo` {demo['demo_seconds']:.0f} s (limit 600 s). Steps (s): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in demo["steps"].items()) + ".", "",
+                  "The report it wrote:", "", "```markdown", demo["report"].strip(), "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="")
+    p.add_argument("--demo", action="store_true", help="time a clean clone's make install and make demo")
+    p.add_argument("--tuned", default=str(HERE / "work" / "tune_cifar10"))
+    p.add_argument("--accuracy-work", default=str(HERE / "work" / "accuracy_predictor"))
+    p.add_argument("--data", default=f"cifar10:{ROOT.parent / 'shared' / 'data' / 'cifar10'}")
+    p.add_argument("--work", default=str(HERE / "work" / "end_to_end"))
+    p.add_argument("--budgets", type=int, default=40)
+    p.add_argument("--pool", type=int, default=500, help="random SubNets of the accuracy pool to time")
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    store = State(Path(args.work) / "state.json")
+    command = "python " + " ".join(sys.argv)
+    if not args.report_only:
+        for name in filter(None, args.models.split(",")):
+            store.put(run_model(name, args, store), "models", name)
+            store.put(command, "commands", "search")
+        if args.demo:
+            store.put(run_demo(), "demo")
+            store.put(command, "commands", "demo")
+    data = {"machine": machine("torch", "onnxruntime"), "commands": store.get("commands") or {},
+            "models": store.get("models") or {}, "demo": store.get("demo")}
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "end_to_end.json").write_text(json.dumps(data, indent=1))
+    text = report(data)
+    (results / "end_to_end.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
