@@ -18,7 +18,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import autotailor as at
 from autotailor.predict.latency import (
-    CostModel, KernelPlan, LatencyPredictor, LutStore, Target, make_backend, parse_device, profile,
+    CacheAwarePredictor, CostModel, KernelPlan, LatencyPredictor, LutStore, Target, cache_bytes, make_backend,
+    parse_device, profile,
 )
 from autotailor.predict.latency.kernels import _deduce
 from autotailor.testing import well_conditioned
@@ -250,3 +251,27 @@ def test_backends_deploy_subnets_that_compute_the_same(name, tmp_path, mnv3) -> 
     assert abs(out - ref).max() <= (1e-3 if name == "ncnn" else 1e-4) * abs(ref).max()
     m = backend.time(backend.load(path, shape))
     assert m.repeats == 3 and m.median_ms > 0
+
+
+def test_subnets_whose_weights_fit_in_cache_are_predicted_from_warm_kernels(tmp_path, resnet) -> None:
+    from autotailor.pipeline.workdir import device_setup
+
+    plan = KernelPlan(resnet, "ort-cpu")
+    cold = LatencyPredictor(plan, [2.0] * len(plan.kernels), 0.1)
+    hot = LatencyPredictor(plan, [1.0] * len(plan.kernels), 0.1)
+    costs = CostModel(plan)
+    small, big = resnet.space.min(), resnet.space.max()
+    assert costs.params(small) == costs.costs(small).params < costs.params(big)
+    cache = costs.params(small) * 4 + 1  # the smallest SubNet's weights fit, the largest's do not
+    predictor = CacheAwarePredictor(cold, hot, costs, cache)
+    assert predictor.predict(small) == pytest.approx(hot.predict(small))
+    beyond = 1 - cache / (costs.params(big) * 4)  # the share of the largest's weights that runs cold
+    assert 0.5 < beyond < 1
+    assert predictor.predict(big) == pytest.approx(hot.predict(big) + beyond * (cold.predict(big) - hot.predict(big)))
+    assert 2**20 <= cache_bytes() <= 2**32
+    device = device_setup(resnet, tmp_path, "ort-cpu:threads=1,cache_mb=3")
+    assert device.cache_bytes == 3 * 2**20 and dict(device.hot_target.settings)["flush_mb"] == 0
+    assert dict(device.target.settings)["flush_mb"] == 16
+    assert device_setup(resnet, tmp_path, "ncnn:threads=1").hot_target is None  # NCNN is profiled warm
+    with pytest.raises(at.AutoTailorError, match="the LUT lacks"):
+        device.predictor()

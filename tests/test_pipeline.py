@@ -18,6 +18,7 @@ from autotailor.pipeline.deployment import ExportSettings
 from autotailor.pipeline.run import DEMO_CONFIG, plan_run
 from autotailor.pipeline.selection import SearchSettings
 from autotailor.pipeline.workdir import EvalSettings, eval_data
+from autotailor.predict.latency import LutStore
 from autotailor.settings import merge_settings
 from autotailor.tune import TuneConfig, recalibrated
 
@@ -72,6 +73,8 @@ def test_run_resumes_at_the_failed_step_and_writes_everything(run_dir, capsys) -
     record = json.loads((run_dir / "run.json").read_text())
     assert list(record["steps"]) == ["compile", "train", "tune", "profile", "sensitivity", "search", "export"]
     assert all(s["seconds"] > 0 for s in record["steps"].values())
+    with LutStore(run_dir / "latency.sqlite") as lut:  # ONNX Runtime: kernels flushed and warm
+        assert sorted(dict(t.settings)["flush_mb"] for t in lut.targets()) == [0, 16]
     search = json.loads((run_dir / "search.json").read_text())
     assert len(search["choices"]) == 3 and search["axis"] == "latency_ms"
     for c in search["choices"]:

@@ -229,12 +229,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _latency_setup(args: argparse.Namespace):
-    """The work directory's SuperNet, the kernel plan for the device's backend, its LUT and target."""
+    """The work directory's SuperNet and the device (backend, kernel plan, LUT, targets)."""
     from autotailor.pipeline.workdir import device_setup
 
     sn = _load_work(args.work)
-    d = device_setup(sn, args.work, args.device, args.device_name, args.lut, args.granularity)
-    return sn, d.plan, d.backend, d.store, d.target
+    return sn, device_setup(sn, args.work, args.device, args.device_name, args.lut, args.granularity)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -242,37 +241,42 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from autotailor.predict.latency import profile
 
-    _, plan, backend, store, target = _latency_setup(args)
-    with store:
-        before = store.count(target)
+    _, device = _latency_setup(args)
+    plan = device.plan
+    passes = [(device.backend, device.target, "caches flushed" if device.hot_target else "")]
+    if device.hot_target is not None:
+        passes.append((device.hot_backend, device.hot_target, "caches warm"))
+    with device.open_store() as store:
         print(f"{len(plan.kernels)} unique kernels ({args.granularity}, {len(plan.groups)} kernel groups) "
-              f"enumerated in {plan.seconds:.2f} s; {before} already in {store.path} for {target}")
-        columns = (TextColumn("profile"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), TimeRemainingColumn())
-        with Progress(*columns, disable=args.quiet) as progress:
-            task = progress.add_task("profile", total=None)
-            report = profile(plan, backend, store, target,
-                             lambda done, total: progress.update(task, completed=done, total=total))
-        print(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
-              f"{store.count(target)} entries for {target}")
+              f"enumerated in {plan.seconds:.2f} s")
+        for backend, target, label in passes:
+            print(f"{store.count(target)} already in {store.path} for {target}")
+            columns = (TextColumn(f"profile {label}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                       TimeElapsedColumn(), TimeRemainingColumn())
+            with Progress(*columns, disable=args.quiet) as progress:
+                task = progress.add_task("profile", total=None)
+                report = profile(plan, backend, store, target,
+                                 lambda done, total, t=task: progress.update(t, completed=done, total=total))
+            print(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
+                  f"{store.count(target)} entries for {target}")
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from autotailor.predict.latency import CostModel, LatencyPredictor
+    from autotailor.predict.latency import CostModel
 
-    sn, plan, _, store, target = _latency_setup(args)
+    sn, device = _latency_setup(args)
     arch = sn.space.complete(_read_arch(sn, args.arch))
-    with store:
-        try:
-            latency = LatencyPredictor.from_store(plan, store, target).predict(arch)
-        except AutoTailorError as exc:
-            raise AutoTailorError(f"{exc}: autotailor profile {args.work} --device {args.device}") from exc
-    costs = CostModel(plan).costs(arch)
-    result = {"target": str(target), "latency_ms": round(latency, 4), "macs": costs.macs, "params": costs.params,
-              "peak_activation_bytes": costs.peak_activation_bytes, "memory_bytes": costs.memory_bytes}
+    try:
+        latency = device.predictor().predict(arch)
+    except AutoTailorError as exc:
+        raise AutoTailorError(f"{exc}: autotailor profile {args.work} --device {args.device}") from exc
+    costs = CostModel(device.plan).costs(arch)
+    result = {"target": str(device.target), "latency_ms": round(latency, 4), "macs": costs.macs,
+              "params": costs.params, "peak_activation_bytes": costs.peak_activation_bytes,
+              "memory_bytes": costs.memory_bytes}
     print(json.dumps(result, indent=1) if args.json else
-          f"{latency:.3f} ms on {target}; {costs.macs / 1e6:.1f} M MACs, {costs.params / 1e6:.2f} M params, "
+          f"{latency:.3f} ms on {device.target}; {costs.macs / 1e6:.1f} M MACs, {costs.params / 1e6:.2f} M params, "
           f"memory {costs.memory_bytes / 2**20:.1f} MiB (peak activations {costs.peak_activation_bytes / 2**20:.1f} MiB)")
     return 0
 
@@ -327,9 +331,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.device != "none":
         device = device_setup(sn, args.work, args.device, args.device_name, args.lut)
         if not constrains_latency:
-            with device.store:  # latency is reported when the LUT is there, not required
-                if device.store.missing(device.target, [k.signature for k in device.plan.kernels]):
-                    device = None
+            try:  # latency is reported when the LUT is there, not required
+                device.predictor()
+            except AutoTailorError:
+                device = None
     elif constrains_latency:
         raise AutoTailorError("latency budgets need a device: --device ort-cpu:threads=1 (profiled first)")
     objectives = objectives_for(sn, args.work, device)

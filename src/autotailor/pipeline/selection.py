@@ -57,7 +57,7 @@ def objectives_for(sn, work: str | Path, device: DeviceSetup | None) -> Objectiv
     """Predicted accuracy from ``WORK/sensitivity.json``; latency from the device's LUT (if a
     device is given); MACs, parameters and memory counted from the SuperNet's shapes."""
     from autotailor.predict.accuracy import SensitivityPredictor, SensitivityTable
-    from autotailor.predict.latency import CostModel, KernelPlan, LatencyPredictor
+    from autotailor.predict.latency import CostModel, KernelPlan
 
     table = SensitivityTable.load(Path(work) / SENSITIVITY)
     accuracy = SensitivityPredictor(sn.space, table)
@@ -75,11 +75,10 @@ def objectives_for(sn, work: str | Path, device: DeviceSetup | None) -> Objectiv
 
     metrics: dict[str, Callable[[Arch], float]] = {m: counted(m) for m in METRICS if m != "latency_ms"}
     if device is not None:
-        with device.store:
-            try:
-                metrics["latency_ms"] = LatencyPredictor.from_store(device.plan, device.store, device.target).predict
-            except AutoTailorError as exc:
-                raise SearchError(f"{exc}: run `autotailor profile {work} --device {device.spec}`") from exc
+        try:
+            metrics["latency_ms"] = device.predictor().predict
+        except AutoTailorError as exc:
+            raise SearchError(f"{exc}: run `autotailor profile {work} --device {device.spec}`") from exc
     return Objectives(sn.space, accuracy.predict, metrics)
 
 

@@ -98,21 +98,54 @@ def eval_data(spec: str, resolution: int, settings: EvalSettings = EvalSettings(
 
 @dataclass
 class DeviceSetup:
-    """A device spec resolved for a work directory: backend, kernel plan, LUT and target."""
+    """A device spec resolved for a work directory: backend, kernel plan, LUT and target.
+
+    A backend that flushes the caches before each kernel (ONNX Runtime by default) is also
+    profiled without flushing (``hot_backend``, ``hot_target``): SubNets whose weights fit in
+    ``cache_bytes`` are predicted from those measurements (see ``CacheAwarePredictor``).
+    """
 
     spec: str
     backend: Any
     plan: Any
-    store: Any
+    lut: Path
     target: Any
+    hot_backend: Any = None
+    hot_target: Any = None
+    cache_bytes: int = 0
+
+    def open_store(self):
+        from autotailor.predict.latency import LutStore
+
+        return LutStore(self.lut)
+
+    def predictor(self):
+        """The latency predictor of this device (the LUTs must be complete: ``profile`` first)."""
+        from autotailor.predict.latency import CacheAwarePredictor, CostModel, LatencyPredictor
+
+        with self.open_store() as store:
+            cold = LatencyPredictor.from_store(self.plan, store, self.target)
+            if self.hot_target is None:
+                return cold
+            hot = LatencyPredictor.from_store(self.plan, store, self.hot_target)
+        return CacheAwarePredictor(cold, hot, CostModel(self.plan), self.cache_bytes)
 
 
 def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None, lut: str | Path | None = None,
                  granularity: str = "fused") -> DeviceSetup:
-    from autotailor.predict.latency import KernelPlan, LutStore, Target, make_backend, parse_device
+    """``spec`` is ``BACKEND[:KEY=VALUE,...]``: the backend's settings, and ``cache_mb`` (what one
+    core keeps in cache; default from the CPU's cache sizes)."""
+    from autotailor.predict.latency import KernelPlan, Target, cache_bytes, make_backend, parse_device
 
     name, settings = parse_device(spec)
+    cache = settings.pop("cache_mb", None)
     backend = make_backend(name, **settings)
     plan = KernelPlan(sn, name, granularity)
-    target = Target.of(device_name or socket.gethostname(), name, **backend.settings)
-    return DeviceSetup(spec, backend, plan, LutStore(lut or Path(work) / LUT), target)
+    device = device_name or socket.gethostname()
+    target = Target.of(device, name, **backend.settings)
+    setup = DeviceSetup(spec, backend, plan, Path(lut or Path(work) / LUT), target,
+                        cache_bytes=int(float(cache) * 2**20) if cache is not None else cache_bytes())
+    if backend.flush_mb:
+        setup.hot_backend = make_backend(name, **{**settings, "flush_mb": 0})
+        setup.hot_target = Target.of(device, name, **setup.hot_backend.settings)
+    return setup

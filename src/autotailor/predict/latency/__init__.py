@@ -2,8 +2,9 @@
 
 from autotailor.predict.latency.kernels import KernelPlan, LatencyError, fusion_rules
 from autotailor.predict.latency.lut import LutStore, Measurement, Target
-from autotailor.predict.latency.predictor import CostModel, Costs, LatencyPredictor, profile
+from autotailor.predict.latency.predictor import (CacheAwarePredictor, CostModel, Costs, LatencyPredictor, cache_bytes,
+                                                  profile)
 from autotailor.predict.latency.profilers import Backend, make_backend, parse_device
 
-__all__ = ["Backend", "CostModel", "Costs", "KernelPlan", "LatencyError", "LatencyPredictor", "LutStore",
-           "Measurement", "Target", "fusion_rules", "make_backend", "parse_device", "profile"]
+__all__ = ["Backend", "CacheAwarePredictor", "CostModel", "Costs", "KernelPlan", "LatencyError", "LatencyPredictor", "LutStore",
+           "Measurement", "Target", "cache_bytes", "fusion_rules", "make_backend", "parse_device", "profile"]

@@ -91,6 +91,55 @@ class LatencyPredictor:
         return total
 
 
+def cache_bytes() -> int:
+    """What one core can keep of a model in its caches: its own L2 plus its share of the
+    last-level cache (size divided by the CPUs sharing it), from Linux's sysfs; 8 MiB when
+    that is not readable."""
+    from pathlib import Path
+
+    def size(text: str) -> int:
+        text = text.strip().upper()
+        factor = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        return int(text.rstrip("KMG")) * factor
+
+    def sharing(text: str) -> int:
+        n = 0
+        for part in text.strip().split(","):
+            lo, _, hi = part.partition("-")
+            n += int(hi or lo) - int(lo) + 1
+        return n
+
+    caches = {}
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((d / "level").read_text())
+            caches[level] = size((d / "size").read_text()) // sharing((d / "shared_cpu_list").read_text())
+        except (OSError, ValueError):
+            continue
+    return sum(v for k, v in caches.items() if k >= 2) or 8 * 2**20
+
+
+class CacheAwarePredictor:
+    """Latency from two LUTs of one device: kernels measured with the caches flushed (``cold``)
+    and without (``hot``). A SubNet whose weights fit in ``cache_bytes`` keeps them in cache
+    from one inference to the next, so its kernels run hot; of a larger one, the share of
+    weights beyond the cache comes from memory on every inference, so the prediction moves
+    from hot to cold in that proportion."""
+
+    def __init__(self, cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", cache_bytes: int):
+        self.cold, self.hot, self.costs, self.cache_bytes = cold, hot, costs, cache_bytes
+
+    def predict(self, arch: Arch) -> float:
+        weights = self.costs.params(arch) * BYTES_PER_VALUE
+        hot = self.hot.predict(arch)
+        if weights <= self.cache_bytes:
+            return hot
+        beyond = 1.0 - self.cache_bytes / weights
+        return hot + beyond * (self.cold.predict(arch) - hot)
+
+
 @dataclass(frozen=True)
 class Costs:
     """Counted costs of one SubNet at batch 1."""
@@ -164,15 +213,23 @@ class CostModel:
         self._live = np.array([[last_use[nodes[j].name] >= i and j <= i for j in range(len(nodes))]
                                for i in range(len(nodes))], dtype=np.float64)
 
-    def costs(self, arch: Arch) -> Costs:
-        """Counted costs of ``arch`` (a complete architecture)."""
-        dropped = self.plan.dropped(arch)
+    def _counted(self, arch: Arch, dropped: set[int]) -> tuple[int, int]:
         macs = params = 0
         for block, variables, table in self._sums:
             if block not in dropped:
                 m, p = table[tuple(arch[v] for v in variables)]
                 macs += m
                 params += p
+        return macs, params
+
+    def params(self, arch: Arch) -> int:
+        """Parameters of ``arch`` alone (cheaper than ``costs``)."""
+        return self._counted(arch, self.plan.dropped(arch))[1]
+
+    def costs(self, arch: Arch) -> Costs:
+        """Counted costs of ``arch`` (a complete architecture)."""
+        dropped = self.plan.dropped(arch)
+        macs, params = self._counted(arch, dropped)
         unique = np.array([table[tuple(arch[v] for v in variables)] for variables, table in self._tables],
                           dtype=np.float64)
         sizes = unique[self._index]
