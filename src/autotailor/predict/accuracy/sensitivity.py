@@ -175,9 +175,10 @@ def measure_sensitivity(sn: SuperNet, val_batches: Batches, calibration: Batches
 class SensitivityPredictor:
     """``predict(arch) = Acc(SuperNet) - Σ Δm`` over the modifications ``arch`` makes.
 
-    A negative Δ (a smaller SubNet measured more accurate than the largest) is taken as 0: on a
-    validation subset it is measurement noise, and summed over many modifications it would
-    rank SubNets above the largest one.
+    No Δ counts for less than one validation image (``1 / validation_images``): a Δ of 0 or
+    below (a smaller SubNet measured as accurate as the largest, or more) is what the subset
+    cannot resolve, not a free modification. Taken at face value, a search would stack dozens
+    of such modifications at no predicted cost, and together they do cost accuracy.
     """
 
     def __init__(self, space: Space, table: SensitivityTable):
@@ -190,7 +191,8 @@ class SensitivityPredictor:
                 "run `autotailor sensitivity WORK --data SPEC` to finish it")
         self.table = table
         self.base = float(table.base_accuracy)
-        self.deltas = np.maximum(np.array([table.deltas[k] for k in self.encoder.keys], dtype=np.float64), 0.0)
+        floor = 1.0 / table.validation_images if table.validation_images else 0.0
+        self.deltas = np.maximum(np.array([table.deltas[k] for k in self.encoder.keys], dtype=np.float64), floor)
 
     def predict(self, arch: Arch) -> float:
         return self.base - float(self.deltas[self.encoder.active(arch)].sum())
