@@ -24,6 +24,7 @@ an interrupted step resumes from its own checkpoint or table.
 
 from __future__ import annotations
 
+import json
 import time
 import tomllib
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autotailor.errors import AutoTailorError, ConfigError
-from autotailor.pipeline.workdir import RUN, read_json, write_json
+from autotailor.pipeline.workdir import RUN, write_json
 
 #: ``autotailor demo``: ResNet-18 trained from scratch on scikit-learn's handwritten digits
 #: (real data that ships with a dependency, so it runs offline), for this machine's CPU.
@@ -57,8 +58,6 @@ budgets = 8
 [export]
 formats = ["onnx"]
 """
-
-STEPS = ("compile", "train", "tune", "profile", "sensitivity", "search", "export", "report")
 
 _RUN_KEYS: dict[str, type | tuple[type, ...]] = {"model": str, "input_size": int, "data": str, "device": str}
 
@@ -118,7 +117,7 @@ def execute(plan: RunPlan, command: Callable[[list[str]], int],
     """Run the plan's steps not yet recorded as done in ``WORK/run.json`` through ``command``
     (the CLI's ``main``), recording each as it finishes; returns the record."""
     path = plan.work / RUN
-    record = read_json(path, "", "") if path.is_file() else {"config": str(plan.config), "steps": {}}
+    record = json.loads(path.read_text()) if path.is_file() else {"config": str(plan.config), "steps": {}}
     for name, argv in plan.steps:
         if name in record["steps"] and name != "report":
             if on_step:
