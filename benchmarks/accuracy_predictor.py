@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import State, machine
+from common import State, machine, write_results
 from scipy.stats import kendalltau
 
 HERE = Path(__file__).resolve().parent
@@ -168,16 +168,11 @@ def main() -> int:
     if not args.report_only:
         for name in args.models.split(","):
             store.put(run_model(name, args, store), name, "results")
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
     models = {n: store.get(n, "results") for n in args.models.split(",") if store.get(n, "results")}
     data = {"command": "python " + " ".join(sys.argv), "machine": machine("torch", "scipy"), "models": models,
             "settings": {k: getattr(args, k) for k in ("pool", "groups", "group_size", "validation_images",
                                                         "calibration_batches", "mlp_max")}}
-    (results / "accuracy_predictor.json").write_text(json.dumps(data, indent=1))
-    text = report(data)
-    (results / "accuracy_predictor.md").write_text(text)
-    print(text)
+    write_results(args.results, "accuracy_predictor", data, report(data))
     return 0
 
 

@@ -54,3 +54,12 @@ class State:
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
         os.replace(tmp, self.path)
+
+
+def write_results(folder: str | Path, name: str, data: dict, text: str) -> None:
+    """``folder/name.json`` and ``folder/name.md``, then the Markdown on stdout."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(data, indent=1))
+    (folder / f"{name}.md").write_text(text)
+    print(text)

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import State, machine
+from common import State, machine, write_results
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -201,12 +201,7 @@ def main() -> int:
             store.put(command, "commands", "demo")
     data = {"machine": machine("torch", "onnxruntime"), "commands": store.get("commands") or {},
             "models": store.get("models") or {}, "demo": store.get("demo")}
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "end_to_end.json").write_text(json.dumps(data, indent=1))
-    text = report(data)
-    (results / "end_to_end.md").write_text(text)
-    print(text)
+    write_results(args.results, "end_to_end", data, report(data))
     return 0
 
 
