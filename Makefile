@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/autotailor demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests: is tests/ there?"; exit 1; fi; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/compile_zoo.py

@@ -1,7 +1,7 @@
 """Ranking quality of the sensitivity accuracy predictor against Once-for-All's MLP predictor.
 
 Reproduce (from the repository root, after `make install` and benchmarks/tune_cifar10.py,
-whose tuned SuperNets it reads; about an hour per model on one core, resumable)::
+whose tuned SuperNets it reads; about 2.5 hours per model on one core, resumable)::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/accuracy_predictor.py --models mobilenet_v2
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/accuracy_predictor.py --models resnet18
@@ -9,17 +9,24 @@ whose tuned SuperNets it reads; about an hour per model on one core, resumable):
 
 For each tuned CIFAR-10 SuperNet:
 
-1. a fixed validation subset (the first ``--validation-images`` CIFAR-10 test images) and
-   ``--calibration-batches`` training batches to recalibrate BatchNorm for every SubNet;
+1. a fixed validation subset (``--validation-images`` CIFAR-10 test images: all 10,000 by
+   default, else a seeded random sample) and ``--calibration-batches`` training batches to
+   recalibrate BatchNorm for every SubNet;
 2. the sensitivity table (one evaluation per single modification, plus the largest SubNet),
    timed: that is the predictor's whole build cost;
 3. a pool of ``--pool`` random SubNets (seeded), each evaluated: the ground truth;
-4. further random SubNets, disjoint from the pool, to train the MLP on: B, 2B, ... ``--mlp-max`` B
-   of them, where B is the sensitivity build's number of evaluations (equal budget);
+4. further random SubNets, disjoint from the pool, to train the MLP on: k B of them for each
+   multiple k of ``--mlp-budgets``, where B is the sensitivity build's number of evaluations
+   (k = 1: equal budget);
 5. ranking quality on the pool: Kendall tau, and the paper's top-5 ranking accuracy (100
    groups of 200 drawn from the pool; a group counts when the predicted best is among its
-   true top 5), for the sensitivity predictor and the MLP at each budget; the smallest MLP
-   budget that reaches the sensitivity predictor's top-5 accuracy gives the build-cost ratio.
+   true top 5), for the sensitivity predictor and the MLP at each budget. The MLP's figures
+   are the mean over ``--mlp-seeds`` training seeds (its argmax is unstable from one seed to
+   the next); the smallest budget whose mean top-5 reaches the sensitivity predictor's gives
+   the build-cost ratio.
+
+A ``--work`` whose evaluations were made with other settings (validation images,
+calibration batches) is refused rather than mixed.
 
 Every evaluation is kept in ``benchmarks/work/accuracy_predictor/state.json`` as it finishes.
 Results: ``benchmarks/results/accuracy_predictor.{json,md}``.
@@ -75,7 +82,7 @@ def evaluate_all(sn, archs: list[dict], data, store: State, key: tuple[str, ...]
 def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     import autotailor as at
     from autotailor.pipeline.workdir import EvalSettings, eval_data
-    from autotailor.predict.accuracy import MlpPredictor, SensitivityPredictor, measure_sensitivity
+    from autotailor.predict.accuracy import MlpPredictor, MlpSettings, SensitivityPredictor, measure_sensitivity
 
     work = Path(args.tuned) / name
     sn = at.load(work / "supernet.pt")
@@ -84,6 +91,12 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     out_dir = Path(args.work) / name
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"{name}: {sn.space.num_modifications} modifications, {data.images} validation images", flush=True)
+    evaluation = {"validation_images": data.images, "calibration_batches": len(data.calibration),
+                  "validation_sample_seed": data.sample_seed}
+    if store.get(name, "evaluation") not in (None, evaluation):
+        raise SystemExit(f"{args.work} holds {name} evaluations made with {store.get(name, 'evaluation')}, "
+                         f"not {evaluation}: pass another --work or the same settings")
+    store.put(evaluation, name, "evaluation")
     table = measure_sensitivity(sn, data.val, data.calibration, out_dir / "sensitivity.json",
                                 info={"data": "cifar10", **data.describe()})
     budget = len(table.deltas) + 1
@@ -93,7 +106,8 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     truth = np.array(evaluate_all(sn, pool, data, store, (name, "pool"), "pool"))
     seconds_per_eval = statistics.median(v["seconds"] for v in store.get(name, "pool").values())
     extra_rng = random.Random(2)
-    extra = [sn.space.sample(extra_rng) for _ in range(args.mlp_max * budget)]
+    multiples = [int(k) for k in args.mlp_budgets.split(",")]
+    extra = [sn.space.sample(extra_rng) for _ in range(max(multiples) * budget)]
     extra_acc = evaluate_all(sn, extra, data, store, (name, "mlp_train"), "MLP training SubNets")
     results = {"modifications": len(table.deltas), "validation_images": data.images,
                "calibration_batches": len(data.calibration), "pool": len(pool),
@@ -107,14 +121,21 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
 
     results["sensitivity"] = {"evaluations": budget, "build_seconds": table.seconds, **quality(sens.predict_many(pool))}
     results["mlp"] = []
-    for k in range(1, args.mlp_max + 1):
+    for k in multiples:
         n = k * budget
-        started = time.perf_counter()
-        mlp = MlpPredictor(sn.space).fit(extra[:n], extra_acc[:n])
-        fit = time.perf_counter() - started
+        runs, fits = [], []
+        for seed in range(args.mlp_seeds):
+            started = time.perf_counter()
+            mlp = MlpPredictor(sn.space, MlpSettings(seed=seed)).fit(extra[:n], extra_acc[:n])
+            fits.append(time.perf_counter() - started)
+            runs.append(quality(mlp.predict_many(pool)))
         evals = sum(store.get(name, "mlp_train")[str(i)]["seconds"] for i in range(n))
+        fit = statistics.mean(fits)
         results["mlp"].append({"evaluations": n, "budget_multiple": k, "build_seconds": evals + fit,
-                               "fit_seconds": fit, **quality(mlp.predict_many(pool))})
+                               "fit_seconds": fit, "seeds": len(runs),
+                               "kendall_tau": statistics.mean(r["kendall_tau"] for r in runs),
+                               "top5": statistics.mean(r["top5"] for r in runs),
+                               "top5_per_seed": [r["top5"] for r in runs]})
     target = results["sensitivity"]["top5"]
     match = next((m for m in results["mlp"] if m["top5"] >= target), None)
     results["mlp_matching_top5"] = match and {"budget_multiple": match["budget_multiple"],
@@ -132,8 +153,10 @@ def report(data: dict) -> str:
         lines.append(f"| {name} | sensitivity | {s['evaluations']} | {s['build_seconds']:.0f} | "
                      f"{s['kendall_tau']:.3f} | {100 * s['top5']:.0f} % |")
         for m in r["mlp"]:
+            seeds = ", ".join(f"{100 * t:.0f}" for t in m.get("top5_per_seed", []))
             lines.append(f"| {name} | MLP ({m['budget_multiple']}x budget) | {m['evaluations']} | "
-                         f"{m['build_seconds']:.0f} | {m['kendall_tau']:.3f} | {100 * m['top5']:.0f} % |")
+                         f"{m['build_seconds']:.0f} | {m['kendall_tau']:.3f} | {100 * m['top5']:.0f} %"
+                         + (f" (seeds: {seeds})" if seeds else "") + " |")
     lines += ["", "Pool, validation subset and what an MLP needs to match:", ""]
     for name, r in data["models"].items():
         match = r["mlp_matching_top5"]
@@ -157,9 +180,11 @@ def main() -> int:
     p.add_argument("--pool", type=int, default=500)
     p.add_argument("--groups", type=int, default=100)
     p.add_argument("--group-size", type=int, default=200)
-    p.add_argument("--validation-images", type=int, default=1000)
+    p.add_argument("--validation-images", type=int, default=10000)
     p.add_argument("--calibration-batches", type=int, default=5)
-    p.add_argument("--mlp-max", type=int, default=4, help="largest MLP budget, in multiples of the sensitivity build")
+    p.add_argument("--mlp-budgets", default="1,2,3,6,9",
+                   help="MLP training budgets, in multiples of the sensitivity build's evaluations")
+    p.add_argument("--mlp-seeds", type=int, default=3, help="MLP training seeds averaged per budget")
     p.add_argument("--results", default=str(RESULTS), help="where the JSON and Markdown go")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
@@ -171,7 +196,7 @@ def main() -> int:
     models = {n: store.get(n, "results") for n in args.models.split(",") if store.get(n, "results")}
     data = {"command": "python " + " ".join(sys.argv), "machine": machine("torch", "scipy"), "models": models,
             "settings": {k: getattr(args, k) for k in ("pool", "groups", "group_size", "validation_images",
-                                                        "calibration_batches", "mlp_max")}}
+                                                        "calibration_batches", "mlp_budgets", "mlp_seeds")}}
     write_results(args.results, "accuracy_predictor", data, report(data))
     return 0
 

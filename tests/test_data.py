@@ -92,3 +92,20 @@ def test_real_cifar10_test_split() -> None:
     assert data.images.shape == (10000, 32, 32, 3)
     assert data.classes[:3] == ["airplane", "automobile", "bird"]
     assert np.bincount(data.labels).tolist() == [1000] * 10
+
+
+def test_validation_subset_is_a_random_sample_not_the_first_classes(tmp_path) -> None:
+    from autotailor.pipeline.workdir import EvalSettings, eval_data
+
+    # Stored class by class, as CIFAR-10's test split is: the first 40 images are one class.
+    for split in ("train", "test"):
+        _zip(tmp_path / f"{split}.zip", split, {c: 40 for c in ("ant", "bee", "cat", "dog")}, size=8)
+    spec = f"cifar10:{tmp_path}"
+    small = eval_data(spec, 8, EvalSettings(validation_images=40, calibration_batches=1, batch_size=16, seed=0))
+    labels = torch.cat([y for _, y in small.val])
+    assert small.images == 40 and sorted(set(labels.tolist())) == [0, 1, 2, 3]
+    assert small.describe()["validation_sample_seed"] == 0
+    again = eval_data(spec, 8, EvalSettings(validation_images=40, calibration_batches=1, batch_size=16, seed=0))
+    assert torch.equal(labels, torch.cat([y for _, y in again.val]))
+    whole = eval_data(spec, 8, EvalSettings(validation_images=1000, calibration_batches=1, batch_size=16, seed=0))
+    assert whole.images == 160 and "validation_sample_seed" not in whole.describe()

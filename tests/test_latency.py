@@ -275,3 +275,29 @@ def test_subnets_whose_weights_fit_in_cache_are_predicted_from_warm_kernels(tmp_
     assert device_setup(resnet, tmp_path, "ncnn:threads=1").hot_target is None  # NCNN is profiled warm
     with pytest.raises(at.AutoTailorError, match="the LUT lacks"):
         device.predictor()
+
+
+def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
+    """ONNX Runtime fuses conv + HardSwish only when the HardSwish output feeds a node, as it
+    always does inside a model; a kernel timed alone must be given such a consumer."""
+    import onnxruntime as ort
+
+    from autotailor.predict.latency.profilers import OrtCpu, _Consumed, _counted, _onnx_bytes
+
+    kernel = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Hardswish())
+    backend = OrtCpu(threads=1)
+    assert backend.settings["timing"] == 2
+
+    def counted_ops(module: nn.Module) -> list[str]:
+        opts = backend.session_options()
+        opts.enable_profiling, opts.profile_file_prefix = True, str(tmp_path / "p")
+        sess = ort.InferenceSession(_onnx_bytes(module, [(1, 8, 14, 14)]), opts, providers=["CPUExecutionProvider"])
+        sess.run(None, {"x0": torch.randn(1, 8, 14, 14).numpy()})
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+        return sorted(e["args"]["op_name"] for e in events
+                      if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and _counted(e))
+
+    assert counted_ops(_Consumed(kernel)) == ["Conv"]
+    assert counted_ops(kernel) == ["Conv", "HardSigmoid", "Mul"]
+    assert backend.measure(kernel, (1, 8, 14, 14)).median_ms > 0

@@ -299,7 +299,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     with Progress(*columns, disable=args.quiet) as progress:
         task = progress.add_task("sensitivity", total=None)
         table = measure_sensitivity(sn, data.val, data.calibration, Path(args.work) / SENSITIVITY,
-                                    info={"data": args.data, "seed": settings.seed},
+                                    info={**data.describe(), "seed": settings.seed},
                                     on_progress=lambda done, total: progress.update(task, completed=done, total=total))
     worst = sorted(table.deltas.items(), key=lambda kv: -kv[1])[:3]
     print(f"largest SubNet {100 * table.base_accuracy:.2f} %; {len(table.deltas)} sensitivities in "
@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("work")
     p.add_argument("--data", required=True, help="cifar10:PATH, imagefolder:PATH or digits")
     p.add_argument("--config", help="TOML file whose [sensitivity] table sets what the flags do not")
-    p.add_argument("--validation-images", type=int, help="the first N validation images (2000)")
+    p.add_argument("--validation-images", type=int, help="a random sample of N validation images (2000)")
     p.add_argument("--calibration-batches", type=int, help="training batches to recalibrate BatchNorm on (10)")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--seed", type=int)

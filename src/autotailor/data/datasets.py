@@ -53,6 +53,17 @@ class ArrayDataset:
     def subset(self, index: np.ndarray) -> "ArrayDataset":
         return ArrayDataset(self.images[index], self.labels[index], self.classes)
 
+    def sample(self, n: int, seed: int) -> "ArrayDataset":
+        """``n`` samples drawn at random under ``seed``, kept in dataset order (all if ``n >= len``).
+
+        Random, not the first ``n``: validation splits are often stored class by class.
+        Samples of different sizes under one seed are nested (the smaller is part of the larger).
+        """
+        if n >= len(self):
+            return self
+        order = np.random.default_rng(seed).permutation(len(self))
+        return self.subset(np.sort(order[:n]))
+
     def split(self, fraction: float, seed: int) -> tuple["ArrayDataset", "ArrayDataset"]:
         """Two disjoint parts, the second holding ``fraction`` of the samples, fixed by ``seed``."""
         order = np.random.default_rng(seed).permutation(len(self))

@@ -58,7 +58,7 @@ def load_supernet(work: str | Path):
 class EvalSettings:
     """The ``[sensitivity]`` table: how SubNets are evaluated (sensitivities, exports)."""
 
-    validation_images: int = 2000  # the first N of the validation split (all of it if fewer)
+    validation_images: int = 2000  # a random sample of the validation split under `seed` (all of it if fewer)
     calibration_batches: int = 10
     batch_size: int = 128
     seed: int = 0
@@ -72,28 +72,34 @@ class EvalData:
     spec: str
     val: list[tuple[torch.Tensor, torch.Tensor]]
     calibration: list[tuple[torch.Tensor, torch.Tensor]]
+    sample_seed: int | None = None  # the seed of the validation sample; None: the whole split
 
     @property
     def images(self) -> int:
         return sum(len(y) for _, y in self.val)
 
     def describe(self) -> dict[str, Any]:
-        return {"data": self.spec, "validation_images": self.images, "calibration_batches": len(self.calibration)}
+        info = {"data": self.spec, "validation_images": self.images, "calibration_batches": len(self.calibration)}
+        if self.sample_seed is not None:
+            info["validation_sample_seed"] = self.sample_seed
+        return info
 
 
 def eval_data(spec: str, resolution: int, settings: EvalSettings = EvalSettings()) -> EvalData:
-    """The first ``validation_images`` of the validation split and ``calibration_batches``
-    augmented training batches, the same on every call with the same arguments."""
+    """A random sample of ``validation_images`` of the validation split (under ``seed``) and
+    ``calibration_batches`` augmented training batches, the same on every call with the same arguments."""
     import numpy as np
 
     from autotailor.data import BatchLoader, load_data
 
     s = settings
     train, val = load_data(spec, seed=s.seed)
-    val = val.subset(np.arange(min(s.validation_images, len(val))))
+    sampled = s.validation_images < len(val)
+    val = val.sample(s.validation_images, s.seed)
     calib = BatchLoader(train, s.batch_size, train=True, resolution=resolution, seed=s.seed)
     return EvalData(spec, list(BatchLoader(val, s.batch_size, train=False, resolution=resolution)),
-                    [calib.batch(0, i) for i in range(min(s.calibration_batches, len(calib)))])
+                    [calib.batch(0, i) for i in range(min(s.calibration_batches, len(calib)))],
+                    s.seed if sampled else None)
 
 
 @dataclass

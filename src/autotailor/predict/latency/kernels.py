@@ -253,9 +253,10 @@ def register_fusion(rules: FusionRules) -> FusionRules:
 
 
 # ONNX Runtime: BatchNorm is folded into the convolution at export; the CPU provider fuses a
-# following activation (ConvActivationFusion) and, in its NCHWc layout, a residual add + ReLU.
+# following activation (ConvActivationFusion, HardSwish included when its output feeds a node,
+# as inside a model) and, in its NCHWc layout, a residual add + ReLU.
 register_fusion(FusionRules("ort-cpu", frozenset({"conv2d", "linear"}), (
-    frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), _POINTWISE_ACTS | {"gelu"})))
+    frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), _POINTWISE_ACTS | {"gelu", "hardswish"})))
 # NCNN (through pnnx): BatchNorm folded, activation fused into Convolution / InnerProduct.
 register_fusion(FusionRules("ncnn", frozenset({"conv2d", "linear"}), (
     frozenset({"batchnorm2d"}), _POINTWISE_ACTS | {"hardswish"})))
