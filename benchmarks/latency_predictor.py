@@ -16,10 +16,12 @@ backend (ONNX Runtime CPU and NCNN, 1 thread):
    its time is the real cost of a new device;
 3. ``--subnets`` random SubNets plus the smallest and the largest, each exported with the
    backend's deploy path (ONNX / pnnx->NCNN) and timed twice, in two passes in opposite
-   orders; the two passes agreeing bounds what this machine's noise allows. Before every 20
-   SubNets, 20 fixed LUT kernels are measured again: their drift against the LUT is reported;
-4. prediction error of each granularity against the mean of the two passes: share within
-   +-5% and +-10%, mean absolute percentage error, Kendall tau;
+   orders; the two passes agreeing bounds what this machine's noise allows. A reference
+   SubNet, timed during the LUT build and just before each SubNet, gives the machine's speed
+   at each moment: timings are scaled to the speed the LUT was built at (``Reference``);
+4. prediction error against the mean of the two passes, scaled and raw: share within +-5% and
+   +-10%, mean absolute percentage error, Kendall tau; for the product's predictor (fused
+   kernels, cache-aware on ONNX Runtime), the flushed LUT alone, no fusion, whole blocks;
 5. baselines on the held-out half of the SubNets: a FLOPs-linear model fitted on the first n
    measured SubNets, and a learning-based kernel predictor (one random forest per kernel
    type on the kernels' shapes and MACs, the nn-Meter / LitePred way) trained on the kernels
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -73,6 +76,37 @@ def accuracy(pred: list[float], meas: list[float]) -> dict:
             "kendall_tau": float(kendalltau(pred, meas).statistic)}
 
 
+class Reference:
+    """One SubNet, deployed once and timed again and again: the machine's speed at that moment.
+
+    This VM's speed drifts by tens of percent over minutes (other tenants of the host), more
+    than the predictor's error. Timing the reference during the LUT build and just before each
+    SubNet lets the benchmark compare the predictor with measurements scaled to the speed the
+    LUT was built at; the raw figures are reported too."""
+
+    def __init__(self, backend_name: str, sn, arch: dict, folder: Path):
+        self.backend = make_backend(backend_name, threads=1, warmup=3, repeats=20)
+        shape = sn.input_shape(arch)
+        path = self.backend.deploy(sn.extract(arch).eval(), folder / "reference", shape)
+        self._run = self.backend.load(path, shape)
+
+    def time(self) -> float:
+        return self.backend.time(self._run).median_ms
+
+
+def _predictor(plan: KernelPlan, cold_ms: list[float], hot_ms: list[float] | None, overhead: float):
+    """The product's predictor from kernel tables: cache-aware when there is a warm table."""
+    cold = LatencyPredictor(plan, cold_ms, overhead)
+    if hot_ms is None:
+        return cold
+    return CacheAwarePredictor(cold, LatencyPredictor(plan, hot_ms, overhead), CostModel(plan), cache_bytes())
+
+
+def _tables(lut: LutStore, plan: KernelPlan, target: Target) -> tuple[list[float], float]:
+    entries = lut.get(target, [k.signature for k in plan.kernels] + ["overhead"])
+    return [entries[k.signature].median_ms for k in plan.kernels], entries["overhead"].median_ms
+
+
 def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespace) -> None:
     st = state.section(model, backend_name)
     torch.manual_seed(0)
@@ -83,17 +117,27 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     archs = [sn.space.max(), sn.space.min()] + [sn.space.sample(rng) for _ in range(args.subnets)]
     lut = LutStore(Path(args.work) / "lut.sqlite")
     target = Target.of("bench", backend_name, **backend.settings)
+    folder = Path(args.work) / f"{model}-{backend_name}"
+    folder.mkdir(exist_ok=True)
+    reference = Reference(backend_name, sn, archs[2], folder)
+    lut_refs = st.setdefault("reference_during_lut", [])
+
+    def progress(label: str) -> Callable[[int, int], None]:
+        def on_kernel(done: int, total: int) -> None:
+            print(f"\r{model} {backend_name} {label}: {done}/{total}", end="", flush=True)
+            if done % 100 == 0 or done == total:
+                lut_refs.append(reference.time())
+        return on_kernel
+
     plans = {}
     for name, (rules, granularity) in VARIANTS.items():
         plan = KernelPlan(sn, rules or backend_name, granularity)
         plans[name] = plan
         st.setdefault("enumeration", {})[name] = {"kernels": len(plan.kernels), "groups": len(plan.groups),
                                                   "seconds": plan.seconds}
-        seconds = st.setdefault("profile_seconds", {}).get(name, 0.0)
-        report = profile(plan, backend, lut, target,
-                         lambda d, n, name=name: print(f"\r{model} {backend_name} {name}: {d}/{n}", end="", flush=True))
-        st["profile_seconds"][name] = seconds + report.seconds
-        st.setdefault("profiled", {})[name] = report.kernels
+        report = profile(plan, backend, lut, target, progress(name))
+        seconds = st.setdefault("profile_seconds", {})
+        seconds[name] = seconds.get(name, 0.0) + report.seconds
         print(f"\n{model} {backend_name} {name}: {len(plan.kernels)} kernels, LUT built in "
               f"{st['profile_seconds'][name]:.0f} s", flush=True)
         state.save()
@@ -102,13 +146,11 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     if backend.flush_mb:  # the warm LUT of the cache-aware predictor (see CacheAwarePredictor)
         hot_backend = make_backend(backend_name, threads=1, flush_mb=0)
         hot_target = Target.of("bench", backend_name, **hot_backend.settings)
-        report = profile(fused, hot_backend, lut, hot_target)
+        report = profile(fused, hot_backend, lut, hot_target, progress("fused, caches warm"))
         st["profile_seconds"]["fused-warm"] = st["profile_seconds"].get("fused-warm", 0.0) + report.seconds
+        print()
         state.save()
-    probe = random.Random(1).sample(fused.kernels, min(20, len(fused.kernels)))
-    entries = lut.get(target, [k.signature for k in probe])
     timings = st.setdefault("subnets", {})
-    drift = st.setdefault("drift", [])
     with tempfile.TemporaryDirectory() as tmp:
         for pass_ in (0, 1):
             order = list(range(len(archs))) if pass_ == 0 else list(reversed(range(len(archs))))
@@ -116,58 +158,72 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
                 rec = timings.setdefault(str(i), {})
                 if f"pass{pass_}" in rec:
                     continue
-                if j % 20 == 0:  # the LUT's own kernels again: how far the machine drifted
-                    again = [backend.measure(*fused.example(k)).median_ms / entries[k.signature].median_ms
-                             for k in probe]
-                    drift.append(statistics.median(again))
                 started = time.perf_counter()
                 shape = sn.input_shape(archs[i])
                 path = backend.deploy(sn.extract(archs[i]).eval(), Path(tmp) / f"subnet{i}", shape)
-                rec[f"pass{pass_}"] = backend.time(backend.load(path, shape)).median_ms
+                run = backend.load(path, shape)
+                rec[f"reference{pass_}"] = reference.time()  # the machine's speed right now
+                rec[f"pass{pass_}"] = backend.time(run).median_ms
                 rec["seconds"] = rec.get("seconds", 0.0) + time.perf_counter() - started
                 state.save()
-                print(f"\r{model} {backend_name} pass {pass_}: {j + 1}/{len(archs)}", end="", flush=True)
+                print(f"\r{model} {backend_name} pass {pass_}: {j + 1}/{len(archs)} "
+                      f"(reference {rec[f'reference{pass_}']:.2f} ms)", end="", flush=True)
     print()
-    measured = [statistics.mean([timings[str(i)]["pass0"], timings[str(i)]["pass1"]]) for i in range(len(archs))]
-    repeat = [timings[str(i)]["pass1"] / timings[str(i)]["pass0"] - 1 for i in range(len(archs))]
-    st["noise"] = {"passes_within_5": sum(abs(r) <= 0.05 for r in repeat) / len(repeat),
-                   "passes_within_10": sum(abs(r) <= 0.10 for r in repeat) / len(repeat),
-                   "median_abs_pass_difference": statistics.median(abs(r) for r in repeat),
-                   "lut_drift_median": statistics.median(drift) if drift else None,
-                   "lut_drift_range": [min(drift), max(drift)] if drift else None}
+    recs = [timings[str(i)] for i in range(len(archs))]
+    # Scale every timing to the speed the LUT was built at (the reference's median then).
+    ref_lut = statistics.median(lut_refs or [r[f"reference{p}"] for r in recs for p in (0, 1)])
+    scaled = [[r[f"pass{p}"] * ref_lut / r[f"reference{p}"] for p in (0, 1)] for r in recs]
+    raw = [[r["pass0"], r["pass1"]] for r in recs]
+    measured = [statistics.mean(t) for t in scaled]
+    measured_raw = [statistics.mean(t) for t in raw]
+    refs = [r[f"reference{p}"] / ref_lut for r in recs for p in (0, 1)]
+
+    def agreement(pairs: list[list[float]]) -> dict:
+        diff = [b / a - 1 for a, b in pairs]
+        return {"within_5": sum(abs(d) <= 0.05 for d in diff) / len(diff),
+                "within_10": sum(abs(d) <= 0.10 for d in diff) / len(diff),
+                "median_abs_difference": statistics.median(abs(d) for d in diff)}
+
+    st["noise"] = {"passes": agreement(scaled), "passes_raw": agreement(raw),
+                   "reference_speed_range": [min(refs), max(refs)],
+                   "reference_during_lut_range": [min(lut_refs) / ref_lut, max(lut_refs) / ref_lut] if lut_refs else None}
     full = [sn.space.complete(a) for a in archs]
-    st["accuracy"] = {}
-    for name, plan in plans.items():
-        predictor = LatencyPredictor.from_store(plan, lut, target)
+    cold_ms, overhead = _tables(lut, fused, target)
+    hot_ms = _tables(lut, fused, hot_target)[0] if hot_target is not None else None
+    product = _predictor(fused, cold_ms, hot_ms, overhead)
+    st["accuracy"], st["accuracy_raw"] = {}, {}
+    predictors = {"fused": product}
+    if hot_ms is not None:
+        predictors["fused-flushed"] = LatencyPredictor(fused, cold_ms, overhead)
+    for name in ("no-fusion", "block"):
+        predictors[name] = LatencyPredictor(plans[name], *_tables(lut, plans[name], target))
+    for name, predictor in predictors.items():
         pred = [predictor.predict(a) for a in full]
         st["accuracy"][name] = accuracy(pred, measured)
+        st["accuracy_raw"][name] = accuracy(pred, measured_raw)
         if name == "fused":
-            st["examples"] = [{"arch": k, "measured_ms": measured[k], "predicted_ms": pred[k]} for k in (0, 1)]
             st["predicted"] = pred
-            if hot_target is not None:
-                aware = CacheAwarePredictor(predictor, LatencyPredictor.from_store(plan, lut, hot_target),
-                                            CostModel(plan), cache_bytes())
-                st["accuracy"]["fused-cache-aware"] = accuracy([aware.predict(a) for a in full], measured)
-    st["measured"] = measured
-    baselines(st, sn, fused, lut, target, full, measured)
-    speed(st, sn, fused, lut, target)
+            st["examples"] = [{"arch": k, "measured_ms": measured[k], "predicted_ms": pred[k]} for k in (0, 1)]
+    st["measured"], st["measured_raw"] = measured, measured_raw
+    baselines(st, fused, (cold_ms, hot_ms, overhead), full, measured)
+    speed(st, sn, fused, product)
     state.save()
     lut.close()
 
 
-def baselines(st: dict, sn, plan: KernelPlan, lut: LutStore, target: Target, archs: list, measured: list) -> None:
+def baselines(st: dict, plan: KernelPlan, tables: tuple, archs: list, measured: list) -> None:
     """FLOPs-linear and learning-based kernel predictors on the held-out half, by profiling budget."""
+    cold_ms, hot_ms, overhead = tables
     half = len(archs) // 2
     train_ids, test_ids = list(range(2, half)), list(range(half, len(archs)))
     costs = CostModel(plan)
     macs = [costs.costs(a).macs for a in archs]
     lf_pred = [st["predicted"][i] for i in test_ids]
     test_meas = [measured[i] for i in test_ids]
+    lut_seconds = st["profile_seconds"]["fused"] + st["profile_seconds"].get("fused-warm", 0.0)
     out = {"held_out": len(test_ids), "learning_free": accuracy(lf_pred, test_meas),
-           "learning_free_profile_seconds": st["profile_seconds"]["fused"]}
-    per_kernel_s = st["profile_seconds"]["fused"] / max(1, len(plan.kernels))
-    entries = lut.get(target, [k.signature for k in plan.kernels] + ["overhead"])
-    kernel_ms = [entries[k.signature].median_ms for k in plan.kernels]
+           "learning_free_profile_seconds": lut_seconds}
+    per_kernel_s = lut_seconds / max(1, len(plan.kernels))
     features = [_kernel_features(plan, k) for k in plan.kernels]
     flops, learned = [], []
     for n in BUDGETS:
@@ -179,14 +235,14 @@ def baselines(st: dict, sn, plan: KernelPlan, lut: LutStore, target: Target, arc
         seconds = sum(st["subnets"][str(i)]["seconds"] / 2 for i in ids)
         flops.append({"subnets": n, "profile_seconds": seconds,
                       **accuracy([a * macs[i] + b for i in test_ids], test_meas)})
-        # Learning-based: profile the kernels of n SubNets, learn kernel latency per kernel type.
+        # Learning-based: profile the kernels of n SubNets (both cache states, as the LUT), learn
+        # kernel latency per kernel type, combine the tables as the product does.
         seen = sorted({k for i in ids for k in plan.kernel_ids(archs[i])})
-        model = _fit_kernel_model(plan, seen, features, kernel_ms)
-        pred_kernel = _predict_kernels(plan, model, features, kernel_ms, set(seen))
-        pred = [entries["overhead"].median_ms + sum(pred_kernel[k] for k in plan.kernel_ids(archs[i]))
-                for i in test_ids]
+        learned_tables = [_predict_kernels(plan, _fit_kernel_model(plan, seen, features, ms), features, ms, set(seen))
+                          for ms in (cold_ms, hot_ms) if ms is not None]
+        predictor = _predictor(plan, learned_tables[0], learned_tables[1] if hot_ms is not None else None, overhead)
         learned.append({"subnets": n, "kernels": len(seen), "profile_seconds": len(seen) * per_kernel_s,
-                        **accuracy(pred, test_meas)})
+                        **accuracy([predictor.predict(archs[i]) for i in test_ids], test_meas)})
     out["flops_linear"], out["learning_based"] = flops, learned
     target_share = out["learning_free"]["within_10"]
     for key in ("flops_linear", "learning_based"):
@@ -234,8 +290,7 @@ def _predict_kernels(plan: KernelPlan, models: dict, features: list, kernel_ms: 
     return out
 
 
-def speed(st: dict, sn, plan: KernelPlan, lut: LutStore, target: Target) -> None:
-    predictor = LatencyPredictor.from_store(plan, lut, target)
+def speed(st: dict, sn, plan: KernelPlan, predictor) -> None:
     costs = CostModel(plan)
     archs = [sn.space.complete(sn.space.sample(random.Random(i))) for i in range(10_000)]
     t = time.perf_counter()
@@ -258,25 +313,36 @@ def report(state: State, args: argparse.Namespace) -> None:
     lines = ["# Latency predictor against measurement", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}, ncnn {m['ncnn']}, pnnx "
              f"{m['pnnx']}, torch {m['torch']}. 1 thread. Command: `{doc['command']}`.", "",
-             "| model | backend | unique kernels (fused / no fusion / block) | enumeration s | LUT build s (fused) | "
-             "SubNets | within 10% | within 5% | MAPE | Kendall tau | no fusion: within 10%, MAPE | "
-             "block: within 10%, MAPE | cache-aware: within 10%, MAPE | noise: passes within 5% | predictions/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "The predictor is the product's: fused kernels, cache-aware where the backend flushes caches "
+             "(ONNX Runtime; 'flushed only' is the cold LUT alone). Measurements are scaled to the speed "
+             "the LUT was built at by a reference SubNet timed just before each (raw: unscaled). "
+             "The fusion ablation (no fusion) and block granularity use the flushed LUT alone.", "",
+             "| model | backend | unique kernels (fused / no fusion / block) | enumeration s | LUT build s | "
+             "SubNets | within 10% | within 5% | MAPE | Kendall tau | flushed only: within 10% | "
+             "no fusion: within 10%, MAPE | block: within 10%, MAPE | noise: two passes within 5% | "
+             "reference speed range | predictions/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model, per in state.data.items():
         for backend, st in per.items():
             if "accuracy" not in st:
                 continue
-            e, a = st["enumeration"], st["accuracy"]
-            f, nf, bl = a["fused"], a["no-fusion"], a["block"]
+            e, a, raw, noise = st["enumeration"], st["accuracy"], st["accuracy_raw"], st["noise"]
+            f = a["fused"]
+            flushed = a.get("fused-flushed")
+            lut_s = st["profile_seconds"]["fused"]
+            warm = st["profile_seconds"].get("fused-warm")
             lines.append(
                 f"| {model} | {backend} | {e['fused']['kernels']} / {e['no-fusion']['kernels']} / "
-                f"{e['block']['kernels']} | {e['fused']['seconds']:.2f} | {st['profile_seconds']['fused']:.0f} | "
-                f"{f['n']} | {100 * f['within_10']:.1f}% | {100 * f['within_5']:.1f}% | {100 * f['mape']:.1f}% | "
-                f"{f['kendall_tau']:.3f} | {100 * nf['within_10']:.1f}%, {100 * nf['mape']:.1f}% | "
-                f"{100 * bl['within_10']:.1f}%, {100 * bl['mape']:.1f}% | "
-                + (f"{100 * a['fused-cache-aware']['within_10']:.1f}%, {100 * a['fused-cache-aware']['mape']:.1f}% | "
-                   if "fused-cache-aware" in a else "- | ")
-                + f"{100 * st['noise']['passes_within_5']:.1f}% | {st['speed']['latency_predictions_per_s']:.0f} |")
+                f"{e['block']['kernels']} | {e['fused']['seconds']:.2f} | {lut_s:.0f}"
+                + (f" + {warm:.0f} warm" if warm is not None else "") + f" | {f['n']} | "
+                f"{100 * f['within_10']:.1f}% ({100 * raw['fused']['within_10']:.0f}% raw) | {100 * f['within_5']:.1f}% | "
+                f"{100 * f['mape']:.1f}% | {f['kendall_tau']:.3f} | "
+                + (f"{100 * flushed['within_10']:.1f}% | " if flushed else "- | ")
+                + f"{100 * a['no-fusion']['within_10']:.1f}%, {100 * a['no-fusion']['mape']:.1f}% | "
+                f"{100 * a['block']['within_10']:.1f}%, {100 * a['block']['mape']:.1f}% | "
+                f"{100 * noise['passes']['within_5']:.0f}% ({100 * noise['passes_raw']['within_5']:.0f}% raw) | "
+                f"{noise['reference_speed_range'][0]:.2f}-{noise['reference_speed_range'][1]:.2f}x | "
+                f"{st['speed']['latency_predictions_per_s']:.0f} |")
     lines += ["", "Baselines on the held-out SubNets (share within 10% / profiling seconds spent):", "",
               "| model | backend | learning-free | FLOPs-linear by n SubNets | learning-based by n SubNets' kernels | "
               "seconds to match: FLOPs / learned |", "|---|---|---|---|---|---|"]

@@ -88,7 +88,6 @@ class EvalData:
 def eval_data(spec: str, resolution: int, settings: EvalSettings = EvalSettings()) -> EvalData:
     """A random sample of ``validation_images`` of the validation split (under ``seed``) and
     ``calibration_batches`` augmented training batches, the same on every call with the same arguments."""
-    import numpy as np
 
     from autotailor.data import BatchLoader, load_data
 
