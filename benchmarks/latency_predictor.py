@@ -120,7 +120,9 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     folder = Path(args.work) / f"{model}-{backend_name}"
     folder.mkdir(exist_ok=True)
     reference = Reference(backend_name, sn, archs[2], folder)
-    lut_refs = st.setdefault("reference_during_lut", [])
+    if st.get("lut_target") != target.settings_key:  # LUTs timed another way are built again
+        st["lut_target"], st["profile_seconds"], st["reference_during_lut"] = target.settings_key, {}, []
+    lut_refs = st["reference_during_lut"]
 
     def progress(label: str) -> Callable[[int, int], None]:
         def on_kernel(done: int, total: int) -> None:

@@ -286,7 +286,7 @@ def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
 
     kernel = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Hardswish())
     backend = OrtCpu(threads=1)
-    assert backend.settings["timing"] == 2
+    assert backend.settings["timing"] == 3
 
     def counted_ops(module: nn.Module) -> list[str]:
         opts = backend.session_options()

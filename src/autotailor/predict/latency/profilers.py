@@ -176,14 +176,16 @@ class OrtCpu(Backend):
     LEVELS = ("basic", "extended", "all")
     default_flush_mb = 16
     # How kernels are timed, part of the LUT key so that entries timed another way are measured
-    # again. 2: each kernel's output feeds a node (see ``_Consumed``).
-    TIMING = 2
+    # again. 2: each kernel's output feeds a node (see ``_Consumed``); 3: less the profiler's
+    # own cost per node (see ``node_offset_ms``).
+    TIMING = 3
 
     def __init__(self, optimization: str = "all", **kwargs: object):
         super().__init__(**kwargs)
         if optimization not in self.LEVELS:
             raise AutoTailorError(f"ort-cpu optimization={optimization!r} is not allowed; expected one of {self.LEVELS}")
         self.optimization = optimization
+        self._node_offset_ms: float | None = None
 
     @property
     def settings(self) -> dict[str, object]:
@@ -211,16 +213,41 @@ class OrtCpu(Backend):
         A kernel alone pays for converting its input to and its output from the blocked
         (NCHWc) layout, which a whole model does only at its ends; those reorder nodes and the
         call overhead (see ``overhead``) are left out, so that the entry is what the kernel costs
-        inside a model. So is the node that consumes the kernel's output (``_Consumed``)."""
+        inside a model. So is the node that consumes the kernel's output (``_Consumed``), and so
+        is what the profiler itself adds to each node (``node_offset_ms``)."""
+        if self._node_offset_ms is None:
+            self._node_offset_ms = self.node_offset_ms()
+        return _summary(self._profiled_ms(_Consumed(module), _shapes(input_shape), self._flush, self._node_offset_ms))
+
+    def _profiled_ms(self, module: nn.Module, input_shapes: list[Shape], before: Callable[[], object] | None,
+                     node_offset_ms: float) -> list[float]:
         with tempfile.TemporaryDirectory() as tmp:
-            sess, feed = self._session(_Consumed(module), _shapes(input_shape), profiling=str(Path(tmp) / "kernel"))
+            sess, feed = self._session(module, input_shapes, profiling=str(Path(tmp) / "kernel"))
             run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
-            _time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush)
+            _time_calls(run, self.warmup, self.repeats, self.budget_s, before)
             events = json.loads(Path(sess.end_profiling()).read_text())
-        per_run = _per_run_kernel_ms(events, skip=self.warmup)
+        per_run = _per_run_kernel_ms(events, self.warmup, node_offset_ms)
         if not per_run:
             raise AutoTailorError("ONNX Runtime's profiler recorded no model runs; is this onnxruntime too old?")
-        return _summary(per_run)
+        return per_run
+
+    def node_offset_ms(self, nodes: int = 32) -> float:
+        """What ORT's profiler adds to the time of each node it records: its own bookkeeping,
+        a few microseconds that a model run without the profiler does not pay. Measured once per
+        backend on a chain of ``nodes`` small convolutions: the profiler's time per node less
+        the chain's wall time per node (the slope between the chain and a quarter of it)."""
+        def chain(n: int) -> nn.Module:
+            return _Consumed(nn.Sequential(*[nn.Sequential(nn.Conv2d(32, 32, 1), nn.ReLU()) for _ in range(n)]))
+
+        shape = [(1, 32, 8, 8)]
+        short, long = nodes // 4, nodes
+        walls = {}
+        for n in (short, long):
+            sess, feed = self._session(chain(n).eval(), shape)
+            walls[n] = statistics.median(_time_calls(lambda: sess.run(None, feed), self.warmup, 200, 1.0))
+        slope = (walls[long] - walls[short]) / (long - short)
+        profiled = statistics.median(self._profiled_ms(chain(long).eval(), shape, None, 0.0)) / long
+        return max(0.0, profiled - slope)
 
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_onnx
@@ -275,8 +302,9 @@ def _counted(event: dict) -> bool:
     return args.get("op_name") not in _LAYOUT_NODES and not event["name"].startswith("/consumer/")
 
 
-def _per_run_kernel_ms(events: list[dict], skip: int) -> list[float]:
-    """Per model run (after the first ``skip``), the summed duration of its compute nodes."""
+def _per_run_kernel_ms(events: list[dict], skip: int, node_offset_ms: float = 0.0) -> list[float]:
+    """Per model run (after the first ``skip``), the summed duration of its counted nodes, each
+    less ``node_offset_ms`` (the profiler's own cost per node; a node counts at least 0)."""
     runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     runs = sorted(runs)[skip:]
     totals = [0.0] * len(runs)
@@ -288,7 +316,7 @@ def _per_run_kernel_ms(events: list[dict], skip: int) -> list[float]:
             continue
         i = bisect.bisect_right(starts, e["ts"]) - 1
         if i >= 0 and e["ts"] <= runs[i][1]:
-            totals[i] += e["dur"] / 1e3
+            totals[i] += max(0.0, e["dur"] / 1e3 - node_offset_ms)
     return totals
 
 
