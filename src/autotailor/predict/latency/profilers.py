@@ -243,8 +243,7 @@ class OrtCpu(Backend):
         short, long = nodes // 4, nodes
         walls = {}
         for n in (short, long):
-            sess, feed = self._session(chain(n).eval(), shape)
-            walls[n] = statistics.median(_time_calls(lambda: sess.run(None, feed), self.warmup, 200, 1.0))
+            walls[n] = statistics.median(_time_calls(self.prepare(chain(n).eval(), shape), self.warmup, 200, 1.0))
         slope = (walls[long] - walls[short]) / (long - short)
         profiled = statistics.median(self._profiled_ms(chain(long).eval(), shape, None, 0.0)) / long
         return max(0.0, profiled - slope)
