@@ -54,8 +54,9 @@ from common import State, machine
 from sklearn.ensemble import RandomForestRegressor
 
 import autotailor as at
+from autotailor.pipeline.workdir import device_setup
 from autotailor.predict.latency import (CacheAwarePredictor, CostModel, KernelPlan, LatencyPredictor, LutStore, Target,
-                                        cache_bytes, make_backend, profile)
+                                        make_backend, profile)
 from autotailor.predict.latency.predictor import kernel_costs
 from autotailor.testing import well_conditioned
 
@@ -94,12 +95,13 @@ class Reference:
         return self.backend.time(self._run).median_ms
 
 
-def _predictor(plan: KernelPlan, cold_ms: list[float], hot_ms: list[float] | None, overhead: float):
+def _predictor(plan: KernelPlan, cold_ms: list[float], hot_ms: list[float] | None, overhead: float,
+               cache: tuple[int, float]):
     """The product's predictor from kernel tables: cache-aware when there is a warm table."""
     cold = LatencyPredictor(plan, cold_ms, overhead)
     if hot_ms is None:
         return cold
-    return CacheAwarePredictor(cold, LatencyPredictor(plan, hot_ms, overhead), CostModel(plan), cache_bytes())
+    return CacheAwarePredictor(cold, LatencyPredictor(plan, hot_ms, overhead), CostModel(plan), *cache)
 
 
 def _tables(lut: LutStore, plan: KernelPlan, target: Target) -> tuple[list[float], float]:
@@ -192,7 +194,13 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     full = [sn.space.complete(a) for a in archs]
     cold_ms, overhead = _tables(lut, fused, target)
     hot_ms = _tables(lut, fused, hot_target)[0] if hot_target is not None else None
-    product = _predictor(fused, cold_ms, hot_ms, overhead)
+    # The product's predictor, as `autotailor profile` leaves it: its cache budget fitted to
+    # calibration SubNets (drawn with their own seed: not among the SubNets measured here).
+    device = device_setup(sn, args.work, f"{backend_name}:threads=1", device_name="bench", lut=lut.path)
+    device.calibrate()
+    product = device.predictor()
+    cache = (product.cache_bytes, product.cold_share) if hot_ms is not None else (0, 0.0)
+    st["cache_budget_bytes"], st["cold_share"] = cache
     st["accuracy"], st["accuracy_raw"] = {}, {}
     predictors = {"fused": product}
     if hot_ms is not None:
@@ -207,7 +215,7 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
             st["predicted"] = pred
             st["examples"] = [{"arch": k, "measured_ms": measured[k], "predicted_ms": pred[k]} for k in (0, 1)]
     st["measured"], st["measured_raw"] = measured, measured_raw
-    baselines(st, fused, (cold_ms, hot_ms, overhead), full, measured)
+    baselines(st, fused, (cold_ms, hot_ms, overhead, cache), full, measured)
     speed(st, sn, fused, product)
     state.save()
     lut.close()
@@ -215,7 +223,7 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
 
 def baselines(st: dict, plan: KernelPlan, tables: tuple, archs: list, measured: list) -> None:
     """FLOPs-linear and learning-based kernel predictors on the held-out half, by profiling budget."""
-    cold_ms, hot_ms, overhead = tables
+    cold_ms, hot_ms, overhead, cache = tables
     half = len(archs) // 2
     train_ids, test_ids = list(range(2, half)), list(range(half, len(archs)))
     costs = CostModel(plan)
@@ -242,7 +250,8 @@ def baselines(st: dict, plan: KernelPlan, tables: tuple, archs: list, measured: 
         seen = sorted({k for i in ids for k in plan.kernel_ids(archs[i])})
         learned_tables = [_predict_kernels(plan, _fit_kernel_model(plan, seen, features, ms), features, ms, set(seen))
                           for ms in (cold_ms, hot_ms) if ms is not None]
-        predictor = _predictor(plan, learned_tables[0], learned_tables[1] if hot_ms is not None else None, overhead)
+        predictor = _predictor(plan, learned_tables[0], learned_tables[1] if hot_ms is not None else None, overhead,
+                               cache)
         learned.append({"subnets": n, "kernels": len(seen), "profile_seconds": len(seen) * per_kernel_s,
                         **accuracy([predictor.predict(archs[i]) for i in test_ids], test_meas)})
     out["flops_linear"], out["learning_based"] = flops, learned
@@ -320,10 +329,10 @@ def report(state: State, args: argparse.Namespace) -> None:
              "the LUT was built at by a reference SubNet timed just before each (raw: unscaled). "
              "The fusion ablation (no fusion) and block granularity use the flushed LUT alone.", "",
              "| model | backend | unique kernels (fused / no fusion / block) | enumeration s | LUT build s | "
-             "SubNets | within 10% | within 5% | MAPE | Kendall tau | flushed only: within 10% | "
+             "cache budget MiB, cold share (fitted) | SubNets | within 10% | within 5% | MAPE | Kendall tau | flushed only: within 10% | "
              "no fusion: within 10%, MAPE | block: within 10%, MAPE | noise: two passes within 5% | "
              "reference speed range | predictions/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model, per in state.data.items():
         for backend, st in per.items():
             if "accuracy" not in st:
@@ -336,7 +345,9 @@ def report(state: State, args: argparse.Namespace) -> None:
             lines.append(
                 f"| {model} | {backend} | {e['fused']['kernels']} / {e['no-fusion']['kernels']} / "
                 f"{e['block']['kernels']} | {e['fused']['seconds']:.2f} | {lut_s:.0f}"
-                + (f" + {warm:.0f} warm" if warm is not None else "") + f" | {f['n']} | "
+                + (f" + {warm:.0f} warm" if warm is not None else "") + " | "
+                + (f"{st['cache_budget_bytes'] / 2**20:g}, {st['cold_share']:g} | " if "cold_share" in st else "- | ")
+                + f"{f['n']} | "
                 f"{100 * f['within_10']:.1f}% ({100 * raw['fused']['within_10']:.0f}% raw) | {100 * f['within_5']:.1f}% | "
                 f"{100 * f['mape']:.1f}% | {f['kendall_tau']:.3f} | "
                 + (f"{100 * flushed['within_10']:.1f}% | " if flushed else "- | ")

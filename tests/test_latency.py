@@ -18,8 +18,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import autotailor as at
 from autotailor.predict.latency import (
-    CacheAwarePredictor, CostModel, KernelPlan, LatencyPredictor, LutStore, Target, cache_bytes, make_backend,
-    parse_device, profile,
+    CacheAwarePredictor, CostModel, KernelPlan, LatencyPredictor, LutStore, Measurement, Target, cache_bytes,
+    make_backend, parse_device, profile,
 )
 from autotailor.predict.latency.kernels import _deduce
 from autotailor.testing import well_conditioned
@@ -301,3 +301,54 @@ def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
     assert counted_ops(_Consumed(kernel)) == ["Conv"]
     assert counted_ops(kernel) == ["Conv", "HardSigmoid", "Mul"]
     assert backend.measure(kernel, (1, 8, 14, 14)).median_ms > 0
+
+
+def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
+    from autotailor.pipeline.workdir import device_setup
+    from autotailor.predict.latency import calibration_archs, fit_cache_model, subnet_key
+
+    device = device_setup(resnet, tmp_path, "ort-cpu:threads=1", device_name="here")
+    plan, costs = device.plan, CostModel(device.plan)
+    cold = LatencyPredictor(plan, [2.0] * len(plan.kernels), 0.1)
+    hot = LatencyPredictor(plan, [1.0] * len(plan.kernels), 0.1)
+    archs = calibration_archs(resnet.space, costs)
+    weights = [costs.params(a) for a in archs]
+    assert len(archs) == 6 and weights == sorted(weights) and weights[0] < weights[-1]
+    # measurements made by a machine keeping 512 KiB in cache, its model kernels 60 % of the way to flushed
+    truth = (2**19, 0.6)
+    measured = [CacheAwarePredictor(cold, hot, costs, *truth).predict(a) for a in archs]
+    assert measured[-1] == pytest.approx(hot.predict(archs[-1]) + 0.6 * (1 - 2**19 / (4 * weights[-1])) * (
+        cold.predict(archs[-1]) - hot.predict(archs[-1])))
+    candidates = [0, 2**18, 2**19, 2**20, 2**23, 2**30]
+    assert fit_cache_model(cold, hot, costs, archs, measured, candidates) == truth
+
+    # Through the device: kernel LUTs and calibration SubNets stored, the budget comes out fitted.
+    with device.open_store() as store:
+        for target, ms in ((device.target, 2.0), (device.hot_target, 1.0)):
+            for k in plan.kernels:
+                store.put(target, k.signature, Measurement(ms, 0.0, 1))
+            store.put(target, "overhead", Measurement(0.1, 0.0, 1))
+        for a, m in zip(archs[:-1], measured):
+            store.put(device.target, subnet_key(a), Measurement(m, 0.0, 1))
+    predictor = device.predictor()  # one SubNet missing: the OS's figure, all beyond it cold
+    assert (predictor.cache_bytes, predictor.cold_share) == (device.cache_bytes, 1.0)
+    with device.open_store() as store:
+        store.put(device.target, subnet_key(archs[-1]), Measurement(measured[-1], 0.0, 1))
+    predictor = device.predictor()
+    assert (predictor.cache_bytes, predictor.cold_share) == truth
+    assert device.calibrate() == 0  # all measured: nothing to do
+    fixed = device_setup(resnet, tmp_path, "ort-cpu:threads=1,cache_mb=1", device_name="here")
+    assert (fixed.predictor().cache_bytes, fixed.predictor().cold_share) == (2**20, 1.0) and fixed.calibrate() == 0
+
+
+def test_calibration_measures_whole_subnets_once(tmp_path, mnv3) -> None:
+    from autotailor.pipeline.workdir import device_setup
+    from autotailor.predict.latency import calibration_archs, subnet_key
+
+    device = device_setup(mnv3, tmp_path, "ort-cpu:threads=1,warmup=2,repeats=5")
+    assert device.calibrate() == 6
+    assert device.calibrate() == 0  # stored in the LUT: a second run measures nothing
+    archs = calibration_archs(mnv3.space, CostModel(device.plan))
+    with device.open_store() as store:
+        entries = store.get(device.target, [subnet_key(a) for a in archs])
+    assert len(entries) == 6 and all(0 < e.median_ms < 1000 for e in entries.values())

@@ -259,6 +259,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                  lambda done, total, t=task: progress.update(t, completed=done, total=total))
             print(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
                   f"{store.count(target)} entries for {target}")
+    if device.hot_target is not None and not device.cache_fixed:
+        columns = (TextColumn("cache calibration (whole SubNets)"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+        with Progress(*columns, disable=args.quiet) as progress:
+            task = progress.add_task("calibrate", total=None)
+            device.calibrate(lambda done, total: progress.update(task, completed=done, total=total))
+        predictor = device.predictor()
+        print(f"cache budget {predictor.cache_bytes / 2**20:.2f} MiB, cold share {predictor.cold_share:.1f}: "
+              f"fitted to measured SubNets (cache_mb in --device sets the budget)")
     return 0
 
 

@@ -18,7 +18,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -107,7 +107,11 @@ class DeviceSetup:
 
     A backend that flushes the caches before each kernel (ONNX Runtime by default) is also
     profiled without flushing (``hot_backend``, ``hot_target``): SubNets whose weights fit in
-    ``cache_bytes`` are predicted from those measurements (see ``CacheAwarePredictor``).
+    the cache budget are predicted from those measurements (see ``CacheAwarePredictor``). The
+    budget is ``cache_bytes`` when the spec sets ``cache_mb``; otherwise the budget and the
+    cold share are fitted to a few whole SubNets measured by ``calibrate`` (``cache_bytes``,
+    from the CPU's cache sizes, is the largest candidate, and the budget when no calibration
+    was measured).
     """
 
     spec: str
@@ -118,28 +122,62 @@ class DeviceSetup:
     hot_backend: Any = None
     hot_target: Any = None
     cache_bytes: int = 0
+    cache_fixed: bool = False  # set by the spec's cache_mb: no calibration
 
     def open_store(self):
         from autotailor.predict.latency import LutStore
 
         return LutStore(self.lut)
 
+    def _calibration(self):
+        from autotailor.predict.latency import CostModel, calibration_archs
+
+        costs = CostModel(self.plan)
+        return costs, calibration_archs(self.plan.sn.space, costs)
+
+    def calibrate(self, on_subnet: Callable[[int, int], None] | None = None) -> int:
+        """Measure the calibration SubNets the LUT lacks (exported, run whole); how many were measured."""
+        import tempfile
+
+        from autotailor.predict.latency import subnet_key
+
+        if self.hot_target is None or self.cache_fixed:
+            return 0
+        _, archs = self._calibration()
+        with self.open_store() as store, tempfile.TemporaryDirectory() as tmp:
+            lacking = set(store.missing(self.target, [subnet_key(a) for a in archs]))
+            missing = [a for a in archs if subnet_key(a) in lacking]
+            for done, arch in enumerate(missing, 1):
+                shape = self.plan.sn.input_shape(arch)
+                path = self.backend.deploy(self.plan.sn.extract(arch).eval(), Path(tmp) / f"subnet{done}", shape)
+                store.put(self.target, subnet_key(arch), self.backend.time(self.backend.load(path, shape)))
+                if on_subnet is not None:
+                    on_subnet(done, len(missing))
+        return len(missing)
+
     def predictor(self):
         """The latency predictor of this device (the LUTs must be complete: ``profile`` first)."""
-        from autotailor.predict.latency import CacheAwarePredictor, CostModel, LatencyPredictor
+        from autotailor.predict.latency import CacheAwarePredictor, LatencyPredictor, fit_cache_model, subnet_key
 
         with self.open_store() as store:
             cold = LatencyPredictor.from_store(self.plan, store, self.target)
             if self.hot_target is None:
                 return cold
             hot = LatencyPredictor.from_store(self.plan, store, self.hot_target)
-        return CacheAwarePredictor(cold, hot, CostModel(self.plan), self.cache_bytes)
+            costs, archs = self._calibration()
+            measured = store.get(self.target, [subnet_key(a) for a in archs])
+        model = (self.cache_bytes, 1.0)
+        if not self.cache_fixed and len(measured) == len(archs):
+            budgets = [0] + [2**k for k in range(18, 40) if 2**k <= self.cache_bytes]
+            model = fit_cache_model(cold, hot, costs, archs, [measured[subnet_key(a)].median_ms for a in archs],
+                                    budgets)
+        return CacheAwarePredictor(cold, hot, costs, *model)
 
 
 def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None, lut: str | Path | None = None,
                  granularity: str = "fused") -> DeviceSetup:
     """``spec`` is ``BACKEND[:KEY=VALUE,...]``: the backend's settings, and ``cache_mb`` (what one
-    core keeps in cache; default from the CPU's cache sizes)."""
+    core keeps of a model in cache; by default fitted to the SubNets ``calibrate`` measures)."""
     from autotailor.predict.latency import KernelPlan, Target, cache_bytes, make_backend, parse_device
 
     name, settings = parse_device(spec)
@@ -149,7 +187,8 @@ def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None
     device = device_name or socket.gethostname()
     target = Target.of(device, name, **backend.settings)
     setup = DeviceSetup(spec, backend, plan, Path(lut or Path(work) / LUT), target,
-                        cache_bytes=int(float(cache) * 2**20) if cache is not None else cache_bytes())
+                        cache_bytes=int(float(cache) * 2**20) if cache is not None else cache_bytes(),
+                        cache_fixed=cache is not None)
     if backend.flush_mb:
         setup.hot_backend = make_backend(name, **{**settings, "flush_mb": 0})
         setup.hot_target = Target.of(device, name, **setup.hot_backend.settings)

@@ -10,8 +10,10 @@ the SubNet runs, its LUT median (what the kernel costs inside a model: see the b
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
+import random
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -126,10 +128,13 @@ class CacheAwarePredictor:
     and without (``hot``). A SubNet whose weights fit in ``cache_bytes`` keeps them in cache
     from one inference to the next, so its kernels run hot; of a larger one, the share of
     weights beyond the cache comes from memory on every inference, so the prediction moves
-    from hot to cold in that proportion."""
+    from hot toward cold in that proportion, times ``cold_share``: how far a model's kernels,
+    whose inputs the kernel before has just written, are from the flushed measurement."""
 
-    def __init__(self, cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", cache_bytes: int):
+    def __init__(self, cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", cache_bytes: int,
+                 cold_share: float = 1.0):
         self.cold, self.hot, self.costs, self.cache_bytes = cold, hot, costs, cache_bytes
+        self.cold_share = cold_share
 
     def predict(self, arch: Arch) -> float:
         weights = self.costs.params(arch) * BYTES_PER_VALUE
@@ -137,7 +142,36 @@ class CacheAwarePredictor:
         if weights <= self.cache_bytes:
             return hot
         beyond = 1.0 - self.cache_bytes / weights
-        return hot + beyond * (self.cold.predict(arch) - hot)
+        return hot + self.cold_share * beyond * (self.cold.predict(arch) - hot)
+
+
+def subnet_key(arch: Arch) -> str:
+    """The LUT entry of a whole SubNet's measured latency (the cache calibration's SubNets)."""
+    return "subnet:" + json.dumps(arch, sort_keys=True, separators=(",", ":"))
+
+
+def calibration_archs(space, costs: "CostModel", n: int = 6, seed: int = 20261122) -> list[Arch]:
+    """``n`` SubNets spanning the space's range of weight sizes: quantiles, by parameters, of a
+    seeded random sample. Their measured latencies calibrate the cache budget."""
+    rng = random.Random(seed)
+    sample = sorted((space.complete(space.sample(rng)) for _ in range(10 * n)), key=costs.params)
+    return [sample[round(i * (len(sample) - 1) / max(1, n - 1))] for i in range(n)]
+
+
+def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", archs: list[Arch],
+                    measured_ms: list[float], budgets: list[int]) -> tuple[int, float]:
+    """The cache budget (among ``budgets``) and cold share (0, 0.1, ..., 1) whose cache-aware
+    predictions best match the measured SubNets (least mean |log(predicted / measured)|).
+
+    What a core really keeps of a model in cache is not what the OS reports: a VM sees its
+    host's whole last-level cache, shared with other tenants, and the flushed measurement is
+    colder than a kernel inside a model, whose input was just written. Two numbers per
+    device, fitted on a few whole SubNets, capture both (see docs/latency.md)."""
+    def error(model: tuple[int, float]) -> float:
+        predictor = CacheAwarePredictor(cold, hot, costs, *model)
+        return sum(abs(math.log(predictor.predict(a) / m)) for a, m in zip(archs, measured_ms))
+
+    return min(((b, share / 10) for b in budgets for share in range(11)), key=error)
 
 
 @dataclass(frozen=True)
