@@ -135,14 +135,24 @@ class CacheAwarePredictor:
                  cold_share: float = 1.0):
         self.cold, self.hot, self.costs, self.cache_bytes = cold, hot, costs, cache_bytes
         self.cold_share = cold_share
+        plan = costs.plan
+        params = [kernel_costs(plan, k)[1] for k in plan.kernels]
+        # One pass sums both latencies and the weights: (hot ms, cold ms, parameters) per choice.
+        self._groups = [(g.variables, g.block, {c: (hot.kernel_ms[k], cold.kernel_ms[k], params[k])
+                                                for c, k in g.table.items()}) for g in plan.groups]
 
     def predict(self, arch: Arch) -> float:
-        weights = self.costs.params(arch) * BYTES_PER_VALUE
-        hot = self.hot.predict(arch)
+        dropped = self.costs.plan.dropped(arch)
+        hot, cold, params = self.hot.overhead_ms, self.cold.overhead_ms, 0
+        for variables, block, table in self._groups:
+            if block not in dropped:
+                h, c, p = table[tuple(arch[v] for v in variables)]
+                hot, cold, params = hot + h, cold + c, params + p
+        weights = params * BYTES_PER_VALUE
         if weights <= self.cache_bytes:
             return hot
         beyond = 1.0 - self.cache_bytes / weights
-        return hot + self.cold_share * beyond * (self.cold.predict(arch) - hot)
+        return hot + self.cold_share * beyond * (cold - hot)
 
 
 def subnet_key(arch: Arch) -> str:
