@@ -302,6 +302,18 @@ def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
     assert counted_ops(kernel) == ["Conv", "HardSigmoid", "Mul"]
     assert backend.measure(kernel, (1, 8, 14, 14)).median_ms > 0
 
+    class TwoOutputs(nn.Module):  # a whole block as one kernel can hand on several tensors
+        def __init__(self) -> None:
+            super().__init__()
+            self.kernel = kernel
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = self.kernel(x)
+            return y, y * 2
+
+    assert counted_ops(_Consumed(TwoOutputs())) == ["Conv", "Mul"]
+    assert backend.measure(TwoOutputs(), (1, 8, 14, 14)).median_ms > 0
+
 
 def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     from autotailor.pipeline.workdir import device_setup

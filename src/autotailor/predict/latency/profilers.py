@@ -275,7 +275,9 @@ class OrtCpu(Backend):
 
 
 class _Consumer(nn.Module):
-    def forward(self, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, y: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if isinstance(y, (tuple, list)):  # a kernel with several outputs (a whole block)
+            return tuple(t.reshape(-1) for t in y)
         return y.reshape(-1)
 
 
@@ -288,7 +290,7 @@ class _Consumed(nn.Module):
         super().__init__()
         self.kernel, self.consumer = kernel, _Consumer()
 
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         return self.consumer(self.kernel(*xs))
 
 
