@@ -36,6 +36,7 @@ Results: ``benchmarks/results/latency_predictor.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -55,7 +56,7 @@ from sklearn.ensemble import RandomForestRegressor
 
 import autotailor as at
 from autotailor.pipeline.workdir import device_setup
-from autotailor.predict.latency import (CacheAwarePredictor, CostModel, KernelPlan, LatencyPredictor, LutStore, Target,
+from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, CostModel, KernelPlan, LatencyPredictor, LutStore, Target,
                                         make_backend, profile)
 from autotailor.predict.latency.predictor import kernel_costs
 from autotailor.testing import well_conditioned
@@ -96,12 +97,12 @@ class Reference:
 
 
 def _predictor(plan: KernelPlan, cold_ms: list[float], hot_ms: list[float] | None, overhead: float,
-               cache: tuple[int, float]):
+               cache: CacheModel | None):
     """The product's predictor from kernel tables: cache-aware when there is a warm table."""
     cold = LatencyPredictor(plan, cold_ms, overhead)
     if hot_ms is None:
         return cold
-    return CacheAwarePredictor(cold, LatencyPredictor(plan, hot_ms, overhead), CostModel(plan), *cache)
+    return CacheAwarePredictor(cold, LatencyPredictor(plan, hot_ms, overhead), CostModel(plan), cache)
 
 
 def _tables(lut: LutStore, plan: KernelPlan, target: Target) -> tuple[list[float], float]:
@@ -197,10 +198,13 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     # The product's predictor, as `autotailor profile` leaves it: its cache budget fitted to
     # calibration SubNets (drawn with their own seed: not among the SubNets measured here).
     device = device_setup(sn, args.work, f"{backend_name}:threads=1", device_name="bench", lut=lut.path)
-    device.calibrate()
+    started = time.perf_counter()
+    if device.calibrate():
+        st["calibration_seconds"] = time.perf_counter() - started
     product = device.predictor()
-    cache = (product.cache_bytes, product.cold_share) if hot_ms is not None else (0, 0.0)
-    st["cache_budget_bytes"], st["cold_share"] = cache
+    cache = product.cache if hot_ms is not None else None
+    # JSON has no infinity: no streaming term is stream_bytes None
+    st["cache_model"] = {k: (None if v == math.inf else v) for k, v in dataclasses.asdict(cache).items()} if cache else None
     st["accuracy"], st["accuracy_raw"] = {}, {}
     predictors = {"fused": product}
     if hot_ms is not None:
@@ -232,7 +236,7 @@ def baselines(st: dict, plan: KernelPlan, tables: tuple, archs: list, measured: 
     test_meas = [measured[i] for i in test_ids]
     lut_seconds = st["profile_seconds"]["fused"] + st["profile_seconds"].get("fused-warm", 0.0)
     out = {"held_out": len(test_ids), "learning_free": accuracy(lf_pred, test_meas),
-           "learning_free_profile_seconds": lut_seconds}
+           "learning_free_profile_seconds": lut_seconds + st.get("calibration_seconds", 0.0)}
     per_kernel_s = lut_seconds / max(1, len(plan.kernels))
     features = [_kernel_features(plan, k) for k in plan.kernels]
     flops, learned = [], []
@@ -315,6 +319,11 @@ def speed(st: dict, sn, plan: KernelPlan, predictor) -> None:
                    "cost_predictions_per_s": 2000 / (time.perf_counter() - t)}
 
 
+def _cache_text(c: dict) -> str:
+    stream = "-" if not c["stream_ms_per_mib"] else f"{c['stream_bytes'] / 2**20:g} MiB, {c['stream_ms_per_mib']:.3f} ms/MiB"
+    return f"{c['cache_bytes'] / 2**20:g} MiB, {c['cold_share']:g}, {stream}"
+
+
 def report(state: State, args: argparse.Namespace) -> None:
     doc = {"machine": machine("torch", "onnxruntime", "ncnn", "pnnx"), "command": " ".join(["python", "benchmarks/latency_predictor.py", *sys.argv[1:]]),
            "results": state.data}
@@ -329,7 +338,7 @@ def report(state: State, args: argparse.Namespace) -> None:
              "the LUT was built at by a reference SubNet timed just before each (raw: unscaled). "
              "The fusion ablation (no fusion) and block granularity use the flushed LUT alone.", "",
              "| model | backend | unique kernels (fused / no fusion / block) | enumeration s | LUT build s | "
-             "cache budget MiB, cold share (fitted) | SubNets | within 10% | within 5% | MAPE | Kendall tau | flushed only: within 10% | "
+             "cache model (fitted): C, φ, D, τ | SubNets | within 10% | within 5% | MAPE | Kendall tau | flushed only: within 10% | "
              "no fusion: within 10%, MAPE | block: within 10%, MAPE | noise: two passes within 5% | "
              "reference speed range | predictions/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -342,11 +351,13 @@ def report(state: State, args: argparse.Namespace) -> None:
             flushed = a.get("fused-flushed")
             lut_s = st["profile_seconds"]["fused"]
             warm = st["profile_seconds"].get("fused-warm")
+            calibration = st.get("calibration_seconds")
             lines.append(
                 f"| {model} | {backend} | {e['fused']['kernels']} / {e['no-fusion']['kernels']} / "
                 f"{e['block']['kernels']} | {e['fused']['seconds']:.2f} | {lut_s:.0f}"
-                + (f" + {warm:.0f} warm" if warm is not None else "") + " | "
-                + (f"{st['cache_budget_bytes'] / 2**20:g}, {st['cold_share']:g} | " if "cold_share" in st else "- | ")
+                + (f" + {warm:.0f} warm" if warm is not None else "")
+                + (f" + {calibration:.0f} calibration" if calibration else "") + " | "
+                + (f"{_cache_text(st['cache_model'])} | " if st.get("cache_model") else "- | ")
                 + f"{f['n']} | "
                 f"{100 * f['within_10']:.1f}% ({100 * raw['fused']['within_10']:.0f}% raw) | {100 * f['within_5']:.1f}% | "
                 f"{100 * f['mape']:.1f}% | {f['kendall_tau']:.3f} | "

@@ -18,7 +18,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import autotailor as at
 from autotailor.predict.latency import (
-    CacheAwarePredictor, CostModel, KernelPlan, LatencyPredictor, LutStore, Measurement, Target, cache_bytes,
+    CacheAwarePredictor, CacheModel, CostModel, KernelPlan, LatencyPredictor, LutStore, Measurement, Target, cache_bytes,
     make_backend, parse_device, profile,
 )
 from autotailor.predict.latency.kernels import _deduce
@@ -263,7 +263,7 @@ def test_subnets_whose_weights_fit_in_cache_are_predicted_from_warm_kernels(tmp_
     small, big = resnet.space.min(), resnet.space.max()
     assert costs.params(small) == costs.costs(small).params < costs.params(big)
     cache = costs.params(small) * 4 + 1  # the smallest SubNet's weights fit, the largest's do not
-    predictor = CacheAwarePredictor(cold, hot, costs, cache)
+    predictor = CacheAwarePredictor(cold, hot, costs, CacheModel(cache))
     assert predictor.predict(small) == pytest.approx(hot.predict(small))
     beyond = 1 - cache / (costs.params(big) * 4)  # the share of the largest's weights that runs cold
     assert 0.5 < beyond < 1
@@ -325,14 +325,17 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     hot = LatencyPredictor(plan, [1.0] * len(plan.kernels), 0.1)
     archs = calibration_archs(resnet.space, costs)
     weights = [costs.params(a) for a in archs]
-    assert len(archs) == 6 and weights == sorted(weights) and weights[0] < weights[-1]
-    # measurements made by a machine keeping 512 KiB in cache, its model kernels 60 % of the way to flushed
-    truth = (2**19, 0.6)
-    measured = [CacheAwarePredictor(cold, hot, costs, *truth).predict(a) for a in archs]
-    assert measured[-1] == pytest.approx(hot.predict(archs[-1]) + 0.6 * (1 - 2**19 / (4 * weights[-1])) * (
-        cold.predict(archs[-1]) - hot.predict(archs[-1])))
-    candidates = [0, 2**18, 2**19, 2**20, 2**23, 2**30]
-    assert fit_cache_model(cold, hot, costs, archs, measured, candidates) == truth
+    assert len(archs) == 12 and weights == sorted(weights) and weights[0] < weights[-1]
+    # measurements made by a machine keeping 512 KiB in cache, its model kernels 60 % of the way to
+    # flushed, and weights beyond 3 MiB streaming from memory at 0.05 ms per MiB
+    truth = CacheModel(2**19, 0.6, 3 * 2**20, 0.05)
+    measured = [CacheAwarePredictor(cold, hot, costs, truth).predict(a) for a in archs]
+    assert weights[-1] * 4 > 3 * 2**20 and measured[-1] == pytest.approx(
+        hot.predict(archs[-1]) + 0.6 * (1 - 2**19 / (4 * weights[-1])) * (cold.predict(archs[-1]) - hot.predict(archs[-1]))
+        + 0.05 * (4 * weights[-1] - 3 * 2**20) / 2**20)
+    fitted = fit_cache_model(cold, hot, costs, archs, measured, 2**30)
+    assert (fitted.cache_bytes, fitted.cold_share, fitted.stream_bytes) == (2**19, 0.6, 3 * 2**20)
+    assert fitted.stream_ms_per_mib == pytest.approx(0.05)
 
     # Through the device: kernel LUTs and calibration SubNets stored, the budget comes out fitted.
     with device.open_store() as store:
@@ -342,15 +345,14 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
             store.put(target, "overhead", Measurement(0.1, 0.0, 1))
         for a, m in zip(archs[:-1], measured):
             store.put(device.target, subnet_key(a), Measurement(m, 0.0, 1))
-    predictor = device.predictor()  # one SubNet missing: the OS's figure, all beyond it cold
-    assert (predictor.cache_bytes, predictor.cold_share) == (device.cache_bytes, 1.0)
+    assert device.predictor().cache == CacheModel(device.cache_bytes)  # one SubNet missing: the OS's figure
     with device.open_store() as store:
         store.put(device.target, subnet_key(archs[-1]), Measurement(measured[-1], 0.0, 1))
-    predictor = device.predictor()
-    assert (predictor.cache_bytes, predictor.cold_share) == truth
+    fitted = device.predictor().cache
+    assert (fitted.cache_bytes, fitted.cold_share, fitted.stream_bytes) == (2**19, 0.6, 3 * 2**20)
     assert device.calibrate() == 0  # all measured: nothing to do
     fixed = device_setup(resnet, tmp_path, "ort-cpu:threads=1,cache_mb=1", device_name="here")
-    assert (fixed.predictor().cache_bytes, fixed.predictor().cold_share) == (2**20, 1.0) and fixed.calibrate() == 0
+    assert fixed.predictor().cache == CacheModel(2**20) and fixed.calibrate() == 0
 
 
 def test_calibration_measures_whole_subnets_once(tmp_path, mnv3) -> None:
@@ -358,9 +360,9 @@ def test_calibration_measures_whole_subnets_once(tmp_path, mnv3) -> None:
     from autotailor.predict.latency import calibration_archs, subnet_key
 
     device = device_setup(mnv3, tmp_path, "ort-cpu:threads=1,warmup=2,repeats=5")
-    assert device.calibrate() == 6
+    assert device.calibrate() == 12
     assert device.calibrate() == 0  # stored in the LUT: a second run measures nothing
     archs = calibration_archs(mnv3.space, CostModel(device.plan))
     with device.open_store() as store:
         entries = store.get(device.target, [subnet_key(a) for a in archs])
-    assert len(entries) == 6 and all(0 < e.median_ms < 1000 for e in entries.values())
+    assert len(entries) == 12 and all(0 < e.median_ms < 1000 for e in entries.values())

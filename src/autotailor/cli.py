@@ -265,9 +265,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         with Progress(*columns, disable=args.quiet) as progress:
             task = progress.add_task("calibrate", total=None)
             device.calibrate(lambda done, total: progress.update(task, completed=done, total=total))
-        predictor = device.predictor()
-        print(f"cache budget {predictor.cache_bytes / 2**20:.2f} MiB, cold share {predictor.cold_share:.1f}: "
-              f"fitted to measured SubNets (cache_mb in --device sets the budget)")
+        cache = device.predictor().cache
+        print(f"cache model fitted to measured SubNets: budget {cache.cache_bytes / 2**20:.2f} MiB, cold share "
+              f"{cache.cold_share:.1f}, streaming beyond {cache.stream_bytes / 2**20:.0f} MiB at "
+              f"{cache.stream_ms_per_mib:.3f} ms/MiB (cache_mb in --device fixes the budget instead)")
     return 0
 
 

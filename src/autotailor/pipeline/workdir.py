@@ -108,10 +108,9 @@ class DeviceSetup:
     A backend that flushes the caches before each kernel (ONNX Runtime by default) is also
     profiled without flushing (``hot_backend``, ``hot_target``): SubNets whose weights fit in
     the cache budget are predicted from those measurements (see ``CacheAwarePredictor``). The
-    budget is ``cache_bytes`` when the spec sets ``cache_mb``; otherwise the budget and the
-    cold share are fitted to a few whole SubNets measured by ``calibrate`` (``cache_bytes``,
-    from the CPU's cache sizes, is the largest candidate, and the budget when no calibration
-    was measured).
+    budget is ``cache_bytes`` when the spec sets ``cache_mb``; otherwise the ``CacheModel`` is
+    fitted to a few whole SubNets measured by ``calibrate`` (``cache_bytes``, from the CPU's
+    cache sizes, is the largest budget tried, and the budget when no calibration was measured).
     """
 
     spec: str
@@ -157,7 +156,8 @@ class DeviceSetup:
 
     def predictor(self):
         """The latency predictor of this device (the LUTs must be complete: ``profile`` first)."""
-        from autotailor.predict.latency import CacheAwarePredictor, LatencyPredictor, fit_cache_model, subnet_key
+        from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, LatencyPredictor, fit_cache_model,
+                                                subnet_key)
 
         with self.open_store() as store:
             cold = LatencyPredictor.from_store(self.plan, store, self.target)
@@ -166,12 +166,11 @@ class DeviceSetup:
             hot = LatencyPredictor.from_store(self.plan, store, self.hot_target)
             costs, archs = self._calibration()
             measured = store.get(self.target, [subnet_key(a) for a in archs])
-        model = (self.cache_bytes, 1.0)
+        model = CacheModel(self.cache_bytes)
         if not self.cache_fixed and len(measured) == len(archs):
-            budgets = [0] + [2**k for k in range(18, 40) if 2**k <= self.cache_bytes]
             model = fit_cache_model(cold, hot, costs, archs, [measured[subnet_key(a)].median_ms for a in archs],
-                                    budgets)
-        return CacheAwarePredictor(cold, hot, costs, *model)
+                                    self.cache_bytes)
+        return CacheAwarePredictor(cold, hot, costs, model)
 
 
 def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None, lut: str | Path | None = None,

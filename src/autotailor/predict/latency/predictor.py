@@ -123,18 +123,42 @@ def cache_bytes() -> int:
     return sum(v for k, v in caches.items() if k >= 2) or 8 * 2**20
 
 
+@dataclass(frozen=True)
+class CacheModel:
+    """How a device's memory hierarchy treats a SubNet of W bytes of weights.
+
+    * ``cache_bytes`` C: a SubNet with W <= C keeps its weights in cache from one inference to
+      the next, so its kernels run as measured warm;
+    * ``cold_share`` φ: of a larger one, the share ``1 - C/W`` of its weights comes from further
+      away, so the prediction moves from warm toward flushed by ``φ (1 - C/W)``. A flushed
+      kernel reads its input from far too, while inside a model the kernel before has just
+      written it: a model's kernels are rarely all the way to flushed;
+    * ``stream_bytes`` D and ``stream_ms_per_mib`` τ: weights beyond D stream from main memory
+      on every inference, which a flushed kernel (its weights still in the last-level cache)
+      does not show: ``τ (W - D)`` more.
+    """
+
+    cache_bytes: int
+    cold_share: float = 1.0
+    stream_bytes: float = math.inf
+    stream_ms_per_mib: float = 0.0
+
+    def latency(self, weights: int, hot_ms: float, cold_ms: float) -> float:
+        """A SubNet's latency from its weights (bytes) and its warm and flushed kernel sums."""
+        ms = hot_ms
+        if weights > self.cache_bytes:
+            ms += self.cold_share * (1.0 - self.cache_bytes / weights) * (cold_ms - hot_ms)
+        if weights > self.stream_bytes:
+            ms += self.stream_ms_per_mib * (weights - self.stream_bytes) / 2**20
+        return ms
+
+
 class CacheAwarePredictor:
     """Latency from two LUTs of one device: kernels measured with the caches flushed (``cold``)
-    and without (``hot``). A SubNet whose weights fit in ``cache_bytes`` keeps them in cache
-    from one inference to the next, so its kernels run hot; of a larger one, the share of
-    weights beyond the cache comes from memory on every inference, so the prediction moves
-    from hot toward cold in that proportion, times ``cold_share``: how far a model's kernels,
-    whose inputs the kernel before has just written, are from the flushed measurement."""
+    and without (``hot``), combined by the device's ``CacheModel`` from the SubNet's weights."""
 
-    def __init__(self, cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", cache_bytes: int,
-                 cold_share: float = 1.0):
-        self.cold, self.hot, self.costs, self.cache_bytes = cold, hot, costs, cache_bytes
-        self.cold_share = cold_share
+    def __init__(self, cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", cache: CacheModel):
+        self.cold, self.hot, self.costs, self.cache = cold, hot, costs, cache
         plan = costs.plan
         params = [kernel_costs(plan, k)[1] for k in plan.kernels]
         # One pass sums both latencies and the weights: (hot ms, cold ms, parameters) per choice.
@@ -148,11 +172,7 @@ class CacheAwarePredictor:
             if block not in dropped:
                 h, c, p = table[tuple(arch[v] for v in variables)]
                 hot, cold, params = hot + h, cold + c, params + p
-        weights = params * BYTES_PER_VALUE
-        if weights <= self.cache_bytes:
-            return hot
-        beyond = 1.0 - self.cache_bytes / weights
-        return hot + self.cold_share * beyond * (cold - hot)
+        return self.cache.latency(params * BYTES_PER_VALUE, hot, cold)
 
 
 def subnet_key(arch: Arch) -> str:
@@ -160,7 +180,7 @@ def subnet_key(arch: Arch) -> str:
     return "subnet:" + json.dumps(arch, sort_keys=True, separators=(",", ":"))
 
 
-def calibration_archs(space, costs: "CostModel", n: int = 6, seed: int = 20261122) -> list[Arch]:
+def calibration_archs(space, costs: "CostModel", n: int = 12, seed: int = 20261122) -> list[Arch]:
     """``n`` SubNets spanning the space's range of weight sizes: quantiles, by parameters, of a
     seeded random sample. Their measured latencies calibrate the cache budget."""
     rng = random.Random(seed)
@@ -169,19 +189,32 @@ def calibration_archs(space, costs: "CostModel", n: int = 6, seed: int = 2026112
 
 
 def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", archs: list[Arch],
-                    measured_ms: list[float], budgets: list[int]) -> tuple[int, float]:
-    """The cache budget (among ``budgets``) and cold share (0, 0.1, ..., 1) whose cache-aware
-    predictions best match the measured SubNets (least mean |log(predicted / measured)|).
+                    measured_ms: list[float], max_cache_bytes: int) -> CacheModel:
+    """The ``CacheModel`` whose predictions best match the measured SubNets ``archs`` (least
+    mean |log(predicted / measured)|): C among 0 and powers of two from 256 KiB to
+    ``max_cache_bytes``, φ among 0, 0.1, ..., 1, D among 1-256 MiB (and none), τ by least
+    squares on what is left.
 
     What a core really keeps of a model in cache is not what the OS reports: a VM sees its
-    host's whole last-level cache, shared with other tenants, and the flushed measurement is
-    colder than a kernel inside a model, whose input was just written. Two numbers per
-    device, fitted on a few whole SubNets, capture both (see docs/latency.md)."""
-    def error(model: tuple[int, float]) -> float:
-        predictor = CacheAwarePredictor(cold, hot, costs, *model)
-        return sum(abs(math.log(predictor.predict(a) / m)) for a, m in zip(archs, measured_ms))
-
-    return min(((b, share / 10) for b in budgets for share in range(11)), key=error)
+    host's whole last-level cache, shared with other tenants (see docs/latency.md)."""
+    points = [(costs.params(a) * BYTES_PER_VALUE, hot.predict(a), cold.predict(a), m)
+              for a, m in zip(archs, measured_ms)]
+    budgets = [0] + [2**k for k in range(18, 40) if 2**k <= max_cache_bytes]
+    streams = [math.inf] + [int(f * 2**k) for k in range(20, 28) for f in (1.0, 1.5)]
+    best: tuple[float, CacheModel] | None = None
+    for budget in budgets:
+        for share in (i / 10 for i in range(11)):
+            model = CacheModel(budget, share)
+            base = [model.latency(w, h, c) for w, h, c, _ in points]
+            for stream in streams:
+                x = [max(0.0, w - stream) / 2**20 for w, *_ in points]
+                sxx = sum(v * v for v in x)
+                tau = max(0.0, sum(v * (m - b) for v, b, (*_, m) in zip(x, base, points)) / sxx) if sxx else 0.0
+                error = sum(abs(math.log((b + tau * v) / m)) for v, b, (*_, m) in zip(x, base, points))
+                if best is None or error < best[0] - 1e-12:
+                    best = (error, CacheModel(budget, share, stream, tau) if tau > 0 else model)
+    assert best is not None
+    return best[1]
 
 
 @dataclass(frozen=True)
