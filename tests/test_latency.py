@@ -327,15 +327,19 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     weights = [costs.params(a) for a in archs]
     assert len(archs) == 12 and weights == sorted(weights) and weights[0] < weights[-1]
     # measurements made by a machine keeping 512 KiB in cache, its model kernels 60 % of the way to
-    # flushed, and weights beyond 3 MiB streaming from memory at 0.05 ms per MiB
-    truth = CacheModel(2**19, 0.6, 3 * 2**20, 0.05)
+    # flushed, and weights beyond 3 MiB streaming from memory at ~0.05 ms per MiB (on the fit's grid)
+    tau = 0.002 * 1.5**8
+    truth = CacheModel(2**19, 0.6, 3 * 2**20, tau)
     measured = [CacheAwarePredictor(cold, hot, costs, truth).predict(a) for a in archs]
     assert weights[-1] * 4 > 3 * 2**20 and measured[-1] == pytest.approx(
         hot.predict(archs[-1]) + 0.6 * (1 - 2**19 / (4 * weights[-1])) * (cold.predict(archs[-1]) - hot.predict(archs[-1]))
-        + 0.05 * (4 * weights[-1] - 3 * 2**20) / 2**20)
+        + tau * (4 * weights[-1] - 3 * 2**20) / 2**20)
     fitted = fit_cache_model(cold, hot, costs, archs, measured, 2**30)
     assert (fitted.cache_bytes, fitted.cold_share, fitted.stream_bytes) == (2**19, 0.6, 3 * 2**20)
-    assert fitted.stream_ms_per_mib == pytest.approx(0.05)
+    assert fitted.stream_ms_per_mib == pytest.approx(tau)
+    # one SubNet measured while the machine was disturbed (twice as slow) does not move the fit
+    disturbed = measured[:5] + [2 * measured[5]] + measured[6:]
+    assert fit_cache_model(cold, hot, costs, archs, disturbed, 2**30) == fitted
 
     # Through the device: kernel LUTs and calibration SubNets stored, the budget comes out fitted.
     with device.open_store() as store:

@@ -191,28 +191,31 @@ def calibration_archs(space, costs: "CostModel", n: int = 12, seed: int = 202611
 def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", archs: list[Arch],
                     measured_ms: list[float], max_cache_bytes: int) -> CacheModel:
     """The ``CacheModel`` whose predictions best match the measured SubNets ``archs`` (least
-    mean |log(predicted / measured)|): C among 0 and powers of two from 256 KiB to
-    ``max_cache_bytes``, φ among 0, 0.1, ..., 1, D among 1-256 MiB (and none), τ by least
-    squares on what is left.
+    mean |log(predicted / measured)|, which one disturbed measurement cannot pull far): C among
+    0 and powers of two from 256 KiB to ``max_cache_bytes``, φ among 0, 0.1, ..., 1, D among
+    1-256 MiB (or none), τ among 0.002-0.5 ms per MiB (from 2 GB/s to 500 GB/s).
 
     What a core really keeps of a model in cache is not what the OS reports: a VM sees its
     host's whole last-level cache, shared with other tenants (see docs/latency.md)."""
-    points = [(costs.params(a) * BYTES_PER_VALUE, hot.predict(a), cold.predict(a), m)
-              for a, m in zip(archs, measured_ms)]
+    weights = np.array([costs.params(a) * BYTES_PER_VALUE for a in archs], dtype=np.float64)
+    hot_ms = np.array([hot.predict(a) for a in archs])
+    cold_ms = np.array([cold.predict(a) for a in archs])
+    log_measured = np.log(np.array(measured_ms))
     budgets = [0] + [2**k for k in range(18, 40) if 2**k <= max_cache_bytes]
-    streams = [math.inf] + [int(f * 2**k) for k in range(20, 28) for f in (1.0, 1.5)]
+    streams = [int(f * 2**k) for k in range(20, 28) for f in (1.0, 1.5)]
+    taus = np.array([0.0] + [0.002 * 1.5**i for i in range(14)])
     best: tuple[float, CacheModel] | None = None
     for budget in budgets:
+        beyond = np.clip(1.0 - budget / weights, 0.0, None)
         for share in (i / 10 for i in range(11)):
-            model = CacheModel(budget, share)
-            base = [model.latency(w, h, c) for w, h, c, _ in points]
+            base = hot_ms + share * beyond * (cold_ms - hot_ms)
             for stream in streams:
-                x = [max(0.0, w - stream) / 2**20 for w, *_ in points]
-                sxx = sum(v * v for v in x)
-                tau = max(0.0, sum(v * (m - b) for v, b, (*_, m) in zip(x, base, points)) / sxx) if sxx else 0.0
-                error = sum(abs(math.log((b + tau * v) / m)) for v, b, (*_, m) in zip(x, base, points))
-                if best is None or error < best[0] - 1e-12:
-                    best = (error, CacheModel(budget, share, stream, tau) if tau > 0 else model)
+                extra = np.clip(weights - stream, 0.0, None) / 2**20  # MiB beyond D, per SubNet
+                errors = np.abs(np.log(base[None, :] + taus[:, None] * extra[None, :]) - log_measured).sum(1)
+                i = int(errors.argmin())
+                if best is None or errors[i] < best[0] - 1e-12:
+                    tau = float(taus[i])
+                    best = (float(errors[i]), CacheModel(budget, share, stream, tau) if tau else CacheModel(budget, share))
     assert best is not None
     return best[1]
 
