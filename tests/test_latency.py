@@ -6,6 +6,7 @@ import collections
 import json
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -359,14 +360,24 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     assert fixed.predictor().cache == CacheModel(2**20) and fixed.calibrate() == 0
 
 
-def test_calibration_measures_whole_subnets_once(tmp_path, mnv3) -> None:
+def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv3) -> None:
     from autotailor.pipeline.workdir import device_setup
     from autotailor.predict.latency import calibration_archs, subnet_key
 
-    device = device_setup(mnv3, tmp_path, "ort-cpu:threads=1,warmup=2,repeats=5")
-    assert device.calibrate() == 12
-    assert device.calibrate() == 0  # stored in the LUT: a second run measures nothing
-    archs = calibration_archs(mnv3.space, CostModel(device.plan))
-    with device.open_store() as store:
-        entries = store.get(device.target, [subnet_key(a) for a in archs])
-    assert len(entries) == 12 and all(0 < e.median_ms < 1000 for e in entries.values())
+    archs = calibration_archs(mnv3.space, CostModel(KernelPlan(mnv3, "ort-cpu")))
+    stored = {}
+    for lut_ms in (1.0, 2.0):  # the same machine, its LUT built twice as slow the second time
+        device = device_setup(mnv3, tmp_path, "ort-cpu:threads=1,warmup=2,repeats=9", lut=tmp_path / f"{lut_ms}.sqlite")
+        with pytest.raises(at.AutoTailorError, match="profile them before calibrating"):
+            device.calibrate()
+        with device.open_store() as store:
+            for k in device.plan.kernels:
+                store.put(device.target, k.signature, Measurement(lut_ms, 0.0, 1))
+        assert device.calibrate() == 12
+        assert device.calibrate() == 0  # stored in the LUT: a second run measures nothing
+        with device.open_store() as store:
+            stored[lut_ms] = store.get(device.target, [subnet_key(a) for a in archs])
+        assert len(stored[lut_ms]) == 12
+    # Timings are scaled to the speed the LUT was measured at (by re-timing its largest kernels).
+    ratios = [stored[2.0][k].median_ms / stored[1.0][k].median_ms for k in stored[1.0]]
+    assert 1.5 < statistics.median(ratios) < 2.6, ratios

@@ -135,10 +135,16 @@ class DeviceSetup:
         return costs, calibration_archs(self.plan.sn.space, costs)
 
     def calibrate(self, on_subnet: Callable[[int, int], None] | None = None) -> int:
-        """Measure the calibration SubNets the LUT lacks (exported, run whole); how many were measured."""
+        """Measure the calibration SubNets the LUT lacks (exported, run whole); how many were measured.
+
+        Each timing is divided by the machine's speed at that moment, relative to when the LUT
+        was built: the median ratio of a few of the LUT's largest kernels timed again right
+        before. A VM's speed drifts by tens of percent for tens of seconds at a time, which would
+        otherwise be fitted as a property of the cache."""
+        import statistics
         import tempfile
 
-        from autotailor.predict.latency import subnet_key
+        from autotailor.predict.latency import Measurement, subnet_key
 
         if self.hot_target is None or self.cache_fixed:
             return 0
@@ -146,17 +152,29 @@ class DeviceSetup:
         with self.open_store() as store, tempfile.TemporaryDirectory() as tmp:
             lacking = set(store.missing(self.target, [subnet_key(a) for a in archs]))
             missing = [a for a in archs if subnet_key(a) in lacking]
+            if not missing:
+                return 0
+            entries = store.get(self.target, [k.signature for k in self.plan.kernels])
+            if len(entries) < len(self.plan.kernels):
+                raise AutoTailorError(f"the LUT lacks {len(self.plan.kernels) - len(entries)} kernels for {self.target}; "
+                                      f"profile them before calibrating")
+            largest = sorted(self.plan.kernels, key=lambda k: -entries[k.signature].median_ms)[:5]
+            probes = [(*self.plan.example(k), entries[k.signature].median_ms) for k in largest]
+
+            def timed(run) -> Measurement:
+                speed = statistics.median(self.backend.measure(m, shape).median_ms / ms for m, shape, ms in probes)
+                t = self.backend.time(run)
+                return Measurement(t.median_ms / speed, t.mad_ms / speed, t.repeats, t.measured_at)
+
             runs = []
             for i, arch in enumerate(missing):
                 shape = self.plan.sn.input_shape(arch)
                 path = self.backend.deploy(self.plan.sn.extract(arch).eval(), Path(tmp) / f"subnet{i}", shape)
                 runs.append(self.backend.load(path, shape))
-            # Two passes in opposite orders, the faster kept: a SubNet timed while the machine
-            # was disturbed (another job, a busy host) would skew the fit.
-            first = [self.backend.time(run) for run in runs]
+            # Two passes in opposite orders, the faster kept: what the speed probes miss.
+            first = [timed(run) for run in runs]
             for done, i in enumerate(reversed(range(len(missing))), 1):
-                again = self.backend.time(runs[i])
-                store.put(self.target, subnet_key(missing[i]), min(first[i], again, key=lambda m: m.median_ms))
+                store.put(self.target, subnet_key(missing[i]), min(first[i], timed(runs[i]), key=lambda m: m.median_ms))
                 if on_subnet is not None:
                     on_subnet(done, len(missing))
         return len(missing)
