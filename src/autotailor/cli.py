@@ -266,9 +266,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
             task = progress.add_task("calibrate", total=None)
             device.calibrate(lambda done, total: progress.update(task, completed=done, total=total))
         cache = device.predictor().cache
-        print(f"cache model fitted to measured SubNets: budget {cache.cache_bytes / 2**20:.2f} MiB, cold share "
-              f"{cache.cold_share:.1f}, streaming beyond {cache.stream_bytes / 2**20:.0f} MiB at "
-              f"{cache.stream_ms_per_mib:.3f} ms/MiB (cache_mb in --device fixes the budget instead)")
+        stream = (f", weights beyond {cache.stream_bytes / 2**20:g} MiB streaming at {cache.stream_ms_per_mib:.3f} ms/MiB"
+                  if cache.stream_ms_per_mib else "")
+        print(f"cache model fitted to measured SubNets: budget {cache.cache_bytes / 2**20:g} MiB, cold share "
+              f"{cache.cold_share:g}{stream} (cache_mb in --device fixes the budget instead)")
     return 0
 
 
