@@ -56,7 +56,7 @@ from sklearn.ensemble import RandomForestRegressor
 
 import autotailor as at
 from autotailor.pipeline.workdir import device_setup
-from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, CostModel, KernelPlan, LatencyPredictor, LutStore, Target,
+from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, CostModel, KernelPlan, LatencyPredictor,
                                         make_backend, profile)
 from autotailor.predict.latency.predictor import kernel_costs
 from autotailor.testing import well_conditioned
@@ -105,21 +105,19 @@ def _predictor(plan: KernelPlan, cold_ms: list[float], hot_ms: list[float] | Non
     return CacheAwarePredictor(cold, LatencyPredictor(plan, hot_ms, overhead), CostModel(plan), cache)
 
 
-def _tables(lut: LutStore, plan: KernelPlan, target: Target) -> tuple[list[float], float]:
-    entries = lut.get(target, [k.signature for k in plan.kernels] + ["overhead"])
-    return [entries[k.signature].median_ms for k in plan.kernels], entries["overhead"].median_ms
-
-
 def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespace) -> None:
     st = state.section(model, backend_name)
     torch.manual_seed(0)
     sn = at.compile(well_conditioned(getattr(torchvision.models, model)()),
                     torch.zeros(1, 3, args.input_size, args.input_size))
-    backend = make_backend(backend_name, threads=1)
     rng = random.Random(0)
     archs = [sn.space.max(), sn.space.min()] + [sn.space.sample(rng) for _ in range(args.subnets)]
-    lut = LutStore(Path(args.work) / "lut.sqlite")
-    target = Target.of("bench", backend_name, **backend.settings)
+    # The device as `autotailor profile` sets it up: backend, targets, and the warm LUT's backend
+    # where the backend flushes caches.
+    device = device_setup(sn, args.work, f"{backend_name}:threads=1", device_name="bench",
+                          lut=Path(args.work) / "lut.sqlite")
+    backend, target = device.backend, device.target
+    lut = device.open_store()
     folder = Path(args.work) / f"{model}-{backend_name}"
     folder.mkdir(exist_ok=True)
     reference = Reference(backend_name, sn, archs[2], folder)
@@ -147,11 +145,9 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
               f"{st['profile_seconds'][name]:.0f} s", flush=True)
         state.save()
     fused = plans["fused"]
-    hot_target = None
-    if backend.flush_mb:  # the warm LUT of the cache-aware predictor (see CacheAwarePredictor)
-        hot_backend = make_backend(backend_name, threads=1, flush_mb=0)
-        hot_target = Target.of("bench", backend_name, **hot_backend.settings)
-        report = profile(fused, hot_backend, lut, hot_target, progress("fused, caches warm"))
+    assert fused.kernels == device.plan.kernels
+    if device.hot_target is not None:  # the warm LUT of the cache-aware predictor (see CacheAwarePredictor)
+        report = profile(fused, device.hot_backend, lut, device.hot_target, progress("fused, caches warm"))
         st["profile_seconds"]["fused-warm"] = st["profile_seconds"].get("fused-warm", 0.0) + report.seconds
         print()
         state.save()
@@ -193,24 +189,21 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
                    "reference_speed_range": [min(refs), max(refs)],
                    "reference_during_lut_range": [min(lut_refs) / ref_lut, max(lut_refs) / ref_lut] if lut_refs else None}
     full = [sn.space.complete(a) for a in archs]
-    cold_ms, overhead = _tables(lut, fused, target)
-    hot_ms = _tables(lut, fused, hot_target)[0] if hot_target is not None else None
-    # The product's predictor, as `autotailor profile` leaves it: its cache budget fitted to
+    # The product's predictor, as `autotailor profile` leaves it: its cache model fitted to
     # calibration SubNets (drawn with their own seed: not among the SubNets measured here).
-    device = device_setup(sn, args.work, f"{backend_name}:threads=1", device_name="bench", lut=lut.path)
     started = time.perf_counter()
     if device.calibrate():
         st["calibration_seconds"] = time.perf_counter() - started
     product = device.predictor()
-    cache = product.cache if hot_ms is not None else None
+    aware = isinstance(product, CacheAwarePredictor)
+    cold = product.cold if aware else product
+    cache = product.cache if aware else None
     # JSON has no infinity: no streaming term is stream_bytes None
     st["cache_model"] = {k: (None if v == math.inf else v) for k, v in dataclasses.asdict(cache).items()} if cache else None
     st["accuracy"], st["accuracy_raw"] = {}, {}
-    predictors = {"fused": product}
-    if hot_ms is not None:
-        predictors["fused-flushed"] = LatencyPredictor(fused, cold_ms, overhead)
+    predictors = {"fused": product, **({"fused-flushed": cold} if aware else {})}
     for name in ("no-fusion", "block"):
-        predictors[name] = LatencyPredictor(plans[name], *_tables(lut, plans[name], target))
+        predictors[name] = LatencyPredictor.from_store(plans[name], lut, target)
     for name, predictor in predictors.items():
         pred = [predictor.predict(a) for a in full]
         st["accuracy"][name] = accuracy(pred, measured)
@@ -223,7 +216,8 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
             stable = [i for i, (a, b) in enumerate(scaled) if abs(b / a - 1) <= 0.05]
             st["accuracy"]["fused-stable"] = accuracy([pred[i] for i in stable], [measured[i] for i in stable])
     st["measured"], st["measured_raw"] = measured, measured_raw
-    baselines(st, fused, (cold_ms, hot_ms, overhead, cache), full, measured)
+    baselines(st, fused, (cold.kernel_ms, product.hot.kernel_ms if aware else None, cold.overhead_ms, cache), full,
+              measured)
     speed(st, sn, fused, product)
     state.save()
     lut.close()
