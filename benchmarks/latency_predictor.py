@@ -98,11 +98,13 @@ class Reference:
 
 def _predictor(plan: KernelPlan, cold_ms: list[float], hot_ms: list[float] | None, overhead: float,
                cache: CacheModel | None):
-    """The product's predictor from kernel tables: cache-aware when there is a warm table."""
+    """The product's predictor from kernel tables and the device's fitted model (a warm table
+    where the backend flushes caches)."""
     cold = LatencyPredictor(plan, cold_ms, overhead)
-    if hot_ms is None:
+    if cache is None:
         return cold
-    return CacheAwarePredictor(cold, LatencyPredictor(plan, hot_ms, overhead), CostModel(plan), cache)
+    hot = cold if hot_ms is None else LatencyPredictor(plan, hot_ms, overhead)
+    return CacheAwarePredictor(cold, hot, CostModel(plan), cache)
 
 
 def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespace) -> None:
@@ -198,10 +200,12 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     aware = isinstance(product, CacheAwarePredictor)
     cold = product.cold if aware else product
     cache = product.cache if aware else None
+    two_tables = aware and product.hot is not product.cold
     # JSON has no infinity: no streaming term is stream_bytes None
     st["cache_model"] = {k: (None if v == math.inf else v) for k, v in dataclasses.asdict(cache).items()} if cache else None
+    st["cache_model_text"] = product.describe() if aware else None
     st["accuracy"], st["accuracy_raw"] = {}, {}
-    predictors = {"fused": product, **({"fused-flushed": cold} if aware else {})}
+    predictors = {"fused": product, **({"fused-flushed": cold} if two_tables else {})}
     for name in ("no-fusion", "block"):
         predictors[name] = LatencyPredictor.from_store(plans[name], lut, target)
     for name, predictor in predictors.items():
@@ -216,8 +220,8 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
             stable = [i for i, (a, b) in enumerate(scaled) if abs(b / a - 1) <= 0.05]
             st["accuracy"]["fused-stable"] = accuracy([pred[i] for i in stable], [measured[i] for i in stable])
     st["measured"], st["measured_raw"] = measured, measured_raw
-    baselines(st, fused, (cold.kernel_ms, product.hot.kernel_ms if aware else None, cold.overhead_ms, cache), full,
-              measured)
+    baselines(st, fused, (cold.kernel_ms, product.hot.kernel_ms if two_tables else None, cold.overhead_ms, cache),
+              full, measured)
     speed(st, sn, fused, product)
     state.save()
     lut.close()
@@ -317,11 +321,6 @@ def speed(st: dict, sn, plan: KernelPlan, predictor) -> None:
                    "cost_predictions_per_s": 2000 / (time.perf_counter() - t)}
 
 
-def _cache_text(c: dict) -> str:
-    stream = "-" if not c["stream_ms_per_mib"] else f"{c['stream_bytes'] / 2**20:g} MiB, {c['stream_ms_per_mib']:.3f} ms/MiB"
-    return f"{c['cache_bytes'] / 2**20:g} MiB, {c['cold_share']:g}, {stream}"
-
-
 def report(state: State, args: argparse.Namespace) -> None:
     doc = {"machine": machine("torch", "onnxruntime", "ncnn", "pnnx"),
            "command": " ".join(["python", "benchmarks/latency_predictor.py",
@@ -335,12 +334,12 @@ def report(state: State, args: argparse.Namespace) -> None:
              f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}, ncnn {m['ncnn']}, pnnx "
              f"{m['pnnx']}, torch {m['torch']}. 1 thread. Command: `{doc['command']}`."
              + (f" {args.note}" if args.note else ""), "",
-             "The predictor is the product's: fused kernels, cache-aware where the backend flushes caches "
-             "(ONNX Runtime; 'flushed only' is the cold LUT alone). Measurements are scaled to the speed "
+             "The predictor is the product's: fused kernels, the model fitted to 12 calibration SubNets "
+             "(cache-aware where the backend flushes caches: ONNX Runtime; 'flushed only' is the cold LUT alone). Measurements are scaled to the speed "
              "the LUT was built at by a reference SubNet timed just before each (raw: unscaled). "
              "The fusion ablation (no fusion) and block granularity use the flushed LUT alone.", "",
              "| model | backend | unique kernels (fused / no fusion / block) | enumeration s | LUT build s | "
-             "cache model (fitted): C, φ, D, τ | SubNets | within 10% | within 10%, SubNets whose two timings agree within 5% | within 5% | MAPE | Kendall tau | flushed only: within 10% | "
+             "model fitted to 12 calibration SubNets | SubNets | within 10% | within 10%, SubNets whose two timings agree within 5% | within 5% | MAPE | Kendall tau | flushed only: within 10% | "
              "no fusion: within 10%, MAPE | block: within 10%, MAPE | noise: two passes within 5% | "
              "reference speed range | predictions/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -359,7 +358,7 @@ def report(state: State, args: argparse.Namespace) -> None:
                 f"{e['block']['kernels']} | {e['fused']['seconds']:.2f} | {lut_s:.0f}"
                 + (f" + {warm:.0f} warm" if warm is not None else "")
                 + (f" + {calibration:.0f} calibration" if calibration else "") + " | "
-                + (f"{_cache_text(st['cache_model'])} | " if st.get("cache_model") else "- | ")
+                + f"{st.get('cache_model_text') or '-'} | "
                 + f"{f['n']} | "
                 f"{100 * f['within_10']:.1f}% ({100 * raw['fused']['within_10']:.0f}% raw) | "
                 + (f"{100 * a['fused-stable']['within_10']:.1f}% of {a['fused-stable']['n']} | " if "fused-stable" in a else "- | ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import random
 import signal
 import statistics
@@ -328,15 +329,16 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     weights = [costs.params(a) for a in archs]
     assert len(archs) == 12 and weights == sorted(weights) and weights[0] < weights[-1]
     # measurements made by a machine keeping 512 KiB in cache, its model kernels 60 % of the way to
-    # flushed, and weights beyond 3 MiB streaming from memory at ~0.05 ms per MiB (on the fit's grid)
+    # flushed and 0.9x their time alone, and weights beyond 3 MiB streaming from memory at ~0.05 ms
+    # per MiB (on the fit's grid)
     tau = 0.002 * 1.5**8
-    truth = CacheModel(2**19, 0.6, 3 * 2**20, tau)
+    truth = CacheModel(2**19, 0.6, 3 * 2**20, tau, 0.9)
     measured = [CacheAwarePredictor(cold, hot, costs, truth).predict(a) for a in archs]
     assert weights[-1] * 4 > 3 * 2**20 and measured[-1] == pytest.approx(
-        hot.predict(archs[-1]) + 0.6 * (1 - 2**19 / (4 * weights[-1])) * (cold.predict(archs[-1]) - hot.predict(archs[-1]))
+        0.9 * (hot.predict(archs[-1]) + 0.6 * (1 - 2**19 / (4 * weights[-1])) * (cold.predict(archs[-1]) - hot.predict(archs[-1])))
         + tau * (4 * weights[-1] - 3 * 2**20) / 2**20)
     fitted = fit_cache_model(cold, hot, costs, archs, measured, 2**30)
-    assert (fitted.cache_bytes, fitted.cold_share, fitted.stream_bytes) == (2**19, 0.6, 3 * 2**20)
+    assert (fitted.cache_bytes, fitted.cold_share, fitted.stream_bytes, fitted.in_model_ratio) == (2**19, 0.6, 3 * 2**20, 0.9)
     assert fitted.stream_ms_per_mib == pytest.approx(tau)
     # one SubNet measured while the machine was disturbed (twice as slow) does not move the fit
     disturbed = measured[:5] + [2 * measured[5]] + measured[6:]
@@ -358,6 +360,34 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     assert device.calibrate() == 0  # all measured: nothing to do
     fixed = device_setup(resnet, tmp_path, "ort-cpu:threads=1,cache_mb=1", device_name="here")
     assert fixed.predictor().cache == CacheModel(2**20) and fixed.calibrate() == 0
+
+
+def test_one_table_backend_is_calibrated_for_kernels_inside_a_model(tmp_path, resnet) -> None:
+    """NCNN is profiled in one cache state, and its kernels alone run slower than inside a model:
+    the calibration SubNets give that ratio (and any streaming), not a cache budget."""
+    from autotailor.pipeline.workdir import device_setup
+    from autotailor.predict.latency import calibration_archs, fit_cache_model, subnet_key
+
+    device = device_setup(resnet, tmp_path, "ncnn:threads=1", device_name="here")
+    assert device.hot_target is None
+    plan, costs = device.plan, CostModel(device.plan)
+    table = LatencyPredictor(plan, [1.0 + i % 3 for i in range(len(plan.kernels))], 0.05)
+    archs = calibration_archs(resnet.space, costs)
+    measured = [0.84 * table.predict(a) for a in archs]
+    fitted = fit_cache_model(table, table, costs, archs, measured, 2**22)
+    assert fitted == CacheModel(2**22, 1.0, math.inf, 0.0, 0.84)
+    with device.open_store() as store:
+        for k, ms in zip(plan.kernels, table.kernel_ms):
+            store.put(device.target, k.signature, Measurement(ms, 0.0, 1))
+        store.put(device.target, "overhead", Measurement(0.05, 0.0, 1))
+    assert isinstance(device.predictor(), LatencyPredictor)  # not calibrated: the kernels' sum
+    with device.open_store() as store:
+        for a, m in zip(archs, measured):
+            store.put(device.target, subnet_key(a), Measurement(m, 0.0, 1))
+    predictor = device.predictor()
+    assert predictor.cache.in_model_ratio == 0.84
+    assert predictor.describe() == "kernels inside a model x0.84"
+    assert [predictor.predict(a) for a in archs] == pytest.approx(measured)
 
 
 def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv3) -> None:

@@ -259,17 +259,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                  lambda done, total, t=task: progress.update(t, completed=done, total=total))
             print(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
                   f"{store.count(target)} entries for {target}")
-    if device.hot_target is not None and not device.cache_fixed:
-        columns = (TextColumn("cache calibration (whole SubNets)"), BarColumn(),
+    if not device.cache_fixed:
+        columns = (TextColumn("calibration (whole SubNets)"), BarColumn(),
                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
         with Progress(*columns, disable=args.quiet) as progress:
             task = progress.add_task("calibrate", total=None)
             device.calibrate(lambda done, total: progress.update(task, completed=done, total=total))
-        cache = device.predictor().cache
-        stream = (f", weights beyond {cache.stream_bytes / 2**20:g} MiB streaming at {cache.stream_ms_per_mib:.3f} ms/MiB"
-                  if cache.stream_ms_per_mib else "")
-        print(f"cache model fitted to measured SubNets: budget {cache.cache_bytes / 2**20:g} MiB, cold share "
-              f"{cache.cold_share:g}{stream} (cache_mb in --device fixes the budget instead)")
+        print(f"fitted to measured SubNets: {device.predictor().describe()}"
+              + (" (cache_mb in --device fixes the budget instead)" if device.hot_target is not None else ""))
     return 0
 
 

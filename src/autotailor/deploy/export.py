@@ -132,7 +132,8 @@ def run_ncnn(net, *inputs: np.ndarray) -> np.ndarray:
     for i, x in enumerate(inputs):
         # ncnn.Mat borrows the array's memory, and in-place layers would write into it (or into
         # freed memory): the extractor gets its own copy.
-        ex.input(f"in{i}", ncnn.Mat(np.ascontiguousarray(x[0], dtype=np.float32)).clone())
+        array = np.ascontiguousarray(x[0], dtype=np.float32)  # alive until cloned
+        ex.input(f"in{i}", ncnn.Mat(array).clone())
     ret, out = ex.extract("out0")
     if ret != 0:
         raise ExportError(f"NCNN failed to run the model (code {ret})")

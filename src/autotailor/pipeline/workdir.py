@@ -111,6 +111,8 @@ class DeviceSetup:
     budget is ``cache_bytes`` when the spec sets ``cache_mb``; otherwise the ``CacheModel`` is
     fitted to a few whole SubNets measured by ``calibrate`` (``cache_bytes``, from the CPU's
     cache sizes, is the largest budget tried, and the budget when no calibration was measured).
+    Every backend is calibrated so: the fit also finds what a kernel costs inside a model
+    relative to alone (``CacheModel.in_model_ratio``; NCNN's kernels alone are slower).
     """
 
     spec: str
@@ -146,7 +148,7 @@ class DeviceSetup:
 
         from autotailor.predict.latency import Measurement, subnet_key
 
-        if self.hot_target is None or self.cache_fixed:
+        if self.cache_fixed:
             return 0
         _, archs = self._calibration()
         with self.open_store() as store, tempfile.TemporaryDirectory() as tmp:
@@ -186,13 +188,14 @@ class DeviceSetup:
 
         with self.open_store() as store:
             cold = LatencyPredictor.from_store(self.plan, store, self.target)
-            if self.hot_target is None:
-                return cold
-            hot = LatencyPredictor.from_store(self.plan, store, self.hot_target)
+            hot = cold if self.hot_target is None else LatencyPredictor.from_store(self.plan, store, self.hot_target)
             costs, archs = self._calibration()
             measured = store.get(self.target, [subnet_key(a) for a in archs])
+        calibrated = not self.cache_fixed and len(measured) == len(archs)
+        if hot is cold and not calibrated:
+            return cold
         model = CacheModel(self.cache_bytes)
-        if not self.cache_fixed and len(measured) == len(archs):
+        if calibrated:
             model = fit_cache_model(cold, hot, costs, archs, [measured[subnet_key(a)].median_ms for a in archs],
                                     self.cache_bytes)
         return CacheAwarePredictor(cold, hot, costs, model)

@@ -135,19 +135,25 @@ class CacheModel:
       written it: a model's kernels are rarely all the way to flushed;
     * ``stream_bytes`` D and ``stream_ms_per_mib`` τ: weights beyond D stream from main memory
       on every inference, which a flushed kernel (its weights still in the last-level cache)
-      does not show: ``τ (W - D)`` more.
+      does not show: ``τ (W - D)`` more;
+    * ``in_model_ratio`` κ: what a kernel costs inside a model over what it cost timed alone.
+      A backend timed by wall clock (NCNN) pays, for each kernel alone, the handling of a
+      model's input and output (growing with the activations' size), which a whole model pays
+      once: there κ < 1. ONNX Runtime's kernels are timed by its profiler, inside the run.
     """
 
     cache_bytes: int
     cold_share: float = 1.0
     stream_bytes: float = math.inf
     stream_ms_per_mib: float = 0.0
+    in_model_ratio: float = 1.0
 
     def latency(self, weights: int, hot_ms: float, cold_ms: float) -> float:
         """A SubNet's latency from its weights (bytes) and its warm and flushed kernel sums."""
         ms = hot_ms
         if weights > self.cache_bytes:
             ms += self.cold_share * (1.0 - self.cache_bytes / weights) * (cold_ms - hot_ms)
+        ms *= self.in_model_ratio
         if weights > self.stream_bytes:
             ms += self.stream_ms_per_mib * (weights - self.stream_bytes) / 2**20
         return ms
@@ -164,6 +170,14 @@ class CacheAwarePredictor:
         # One pass sums both latencies and the weights: (hot ms, cold ms, parameters) per choice.
         self._groups = [(g.variables, g.block, {c: (hot.kernel_ms[k], cold.kernel_ms[k], params[k])
                                                 for c, k in g.table.items()}) for g in plan.groups]
+
+    def describe(self) -> str:
+        """The cache model in words (C and φ only where there are two tables for them to act on)."""
+        c = self.cache
+        parts = [] if self.hot is self.cold else [f"cache budget {c.cache_bytes / 2**20:g} MiB", f"cold share {c.cold_share:g}"]
+        if c.stream_ms_per_mib:
+            parts.append(f"weights beyond {c.stream_bytes / 2**20:g} MiB streaming at {c.stream_ms_per_mib:.3f} ms/MiB")
+        return ", ".join(parts + [f"kernels inside a model x{c.in_model_ratio:.2f}"])
 
     def predict(self, arch: Arch) -> float:
         dropped = self.costs.plan.dropped(arch)
@@ -193,7 +207,9 @@ def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostM
     """The ``CacheModel`` whose predictions best match the measured SubNets ``archs`` (least
     mean |log(predicted / measured)|, which one disturbed measurement cannot pull far): C among
     0 and powers of two from 256 KiB to ``max_cache_bytes``, φ among 0, 0.1, ..., 1, D among
-    1-256 MiB (or none), τ among 0.002-0.5 ms per MiB (from 2 GB/s to 500 GB/s).
+    1-256 MiB (or none), τ among 0.002-0.5 ms per MiB (from 2 GB/s to 500 GB/s), κ among 0.70,
+    0.71, ..., 1.30. When ``hot`` is ``cold`` (a backend profiled in one cache state), C and φ
+    have nothing to act on and are left at ``max_cache_bytes`` and 1.
 
     What a core really keeps of a model in cache is not what the OS reports: a VM sees its
     host's whole last-level cache, shared with other tenants (see docs/latency.md)."""
@@ -201,21 +217,29 @@ def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostM
     hot_ms = np.array([hot.predict(a) for a in archs])
     cold_ms = np.array([cold.predict(a) for a in archs])
     log_measured = np.log(np.array(measured_ms))
-    budgets = [0] + [2**k for k in range(18, 40) if 2**k <= max_cache_bytes]
+    if hot is cold:
+        budgets, shares = [max_cache_bytes], [1.0]
+    else:
+        budgets = [0] + [2**k for k in range(18, 40) if 2**k <= max_cache_bytes]
+        shares = [i / 10 for i in range(11)]
     streams = [int(f * 2**k) for k in range(20, 28) for f in (1.0, 1.5)]
     taus = np.array([0.0] + [0.002 * 1.5**i for i in range(14)])
+    ratios = np.round(np.arange(0.70, 1.305, 0.01), 2)
     best: tuple[float, CacheModel] | None = None
     for budget in budgets:
         beyond = np.clip(1.0 - budget / weights, 0.0, None)
-        for share in (i / 10 for i in range(11)):
+        for share in shares:
             base = hot_ms + share * beyond * (cold_ms - hot_ms)
             for stream in streams:
                 extra = np.clip(weights - stream, 0.0, None) / 2**20  # MiB beyond D, per SubNet
-                errors = np.abs(np.log(base[None, :] + taus[:, None] * extra[None, :]) - log_measured).sum(1)
-                i = int(errors.argmin())
-                if best is None or errors[i] < best[0] - 1e-12:
-                    tau = float(taus[i])
-                    best = (float(errors[i]), CacheModel(budget, share, stream, tau) if tau else CacheModel(budget, share))
+                # ratios x taus x SubNets
+                predicted = ratios[:, None, None] * base + taus[None, :, None] * extra
+                errors = np.abs(np.log(predicted) - log_measured).sum(2)
+                r, t = np.unravel_index(int(errors.argmin()), errors.shape)
+                if best is None or errors[r, t] < best[0] - 1e-12:
+                    tau = float(taus[t])
+                    best = (float(errors[r, t]), CacheModel(budget, share, stream if tau else math.inf, tau,
+                                                            float(ratios[r])))
     assert best is not None
     return best[1]
 

@@ -390,7 +390,9 @@ class Ncnn(Backend):
         # the output is extracted as computed (type 1: no conversion): copying either would be
         # timed with every kernel. A kernel's inputs come packed, as the layer before it in a
         # model leaves them, so that its time holds no layout conversion.
-        mats = [ncnn.Mat(rng.standard_normal(s[1:]).astype(np.float32)).clone() for s in input_shapes]
+        arrays = [rng.standard_normal(s[1:]).astype(np.float32) for s in input_shapes]
+        # ncnn.Mat borrows an array's memory: the arrays must outlive the clone (a temporary may not)
+        mats = [ncnn.Mat(a).clone() for a in arrays]
         if packed:
             mats = [ncnn.convert_packing(m, self._elempack(s[1] if len(s) > 2 else s[-1]))
                     for m, s in zip(mats, input_shapes)]
