@@ -254,6 +254,12 @@ def test_backends_deploy_subnets_that_compute_the_same(name, tmp_path, mnv3) -> 
     assert abs(out - ref).max() <= (1e-3 if name == "ncnn" else 1e-4) * abs(ref).max()
     m = backend.time(backend.load(path, shape))
     assert m.repeats == 3 and m.median_ms > 0
+    # a prober measures as `measure` does, the kernel prepared (converted) once
+    kernel, kernel_shape = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU()).eval(), (1, 8, 16, 16)
+    probe = backend.prober(kernel, kernel_shape)
+    first, again = probe(), probe()
+    assert first.repeats == again.repeats == backend.measure(kernel, kernel_shape).repeats >= 3
+    assert first.median_ms > 0 and again.median_ms > 0
 
 
 def test_subnets_whose_weights_fit_in_cache_are_predicted_from_warm_kernels(tmp_path, resnet) -> None:

@@ -161,10 +161,10 @@ class DeviceSetup:
                 raise AutoTailorError(f"the LUT lacks {len(self.plan.kernels) - len(entries)} kernels for {self.target}; "
                                       f"profile them before calibrating")
             largest = sorted(self.plan.kernels, key=lambda k: -entries[k.signature].median_ms)[:5]
-            probes = [(*self.plan.example(k), entries[k.signature].median_ms) for k in largest]
+            probes = [(self.backend.prober(*self.plan.example(k)), entries[k.signature].median_ms) for k in largest]
 
             def timed(run) -> Measurement:
-                speed = statistics.median(self.backend.measure(m, shape).median_ms / ms for m, shape, ms in probes)
+                speed = statistics.median(probe().median_ms / ms for probe, ms in probes)
                 t = self.backend.time(run)
                 return Measurement(t.median_ms / speed, t.mad_ms / speed, t.repeats, t.measured_at)
 

@@ -134,7 +134,15 @@ class Backend:
         """The time (ms) ``module`` takes when it runs inside a model, on inputs of ``input_shape``
         (one shape or a list): by default the wall time of calling it as a model of its own,
         caches flushed, less the fixed cost of a call (``overhead``), which a model pays once."""
+        return self._measure_prepared(self.prepare(module, _shapes(input_shape)))
+
+    def prober(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Callable[[], Measurement]:
+        """A function doing what ``measure`` does, again and again, with the kernel prepared once
+        (a converter such as pnnx takes longer than the timing itself)."""
         run = self.prepare(module, _shapes(input_shape))
+        return lambda: self._measure_prepared(run)
+
+    def _measure_prepared(self, run: Callable[[], object]) -> Measurement:
         m = _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush))
         if self._overhead is None:
             self._overhead = self.overhead()
@@ -218,6 +226,9 @@ class OrtCpu(Backend):
         if self._node_offset_ms is None:
             self._node_offset_ms = self.node_offset_ms()
         return _summary(self._profiled_ms(_Consumed(module), _shapes(input_shape), self._flush, self._node_offset_ms))
+
+    def prober(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Callable[[], Measurement]:
+        return lambda: self.measure(module, input_shape)  # each profiled run needs its own session
 
     def _profiled_ms(self, module: nn.Module, input_shapes: list[Shape], before: Callable[[], object] | None,
                      node_offset_ms: float) -> list[float]:
