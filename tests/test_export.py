@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -48,3 +49,39 @@ def test_exports_run_without_autotailor(tmp_path) -> None:
         assert np.abs(net(torch.from_numpy(x)).detach().numpy() - ref).max() <= 1e-5 * np.abs(ref).max(), "pt"
     """)
     assert rel_err(ref, net(x)) <= 1e-6
+
+
+class _ChannelsLastMlp(torch.nn.Module):
+    """ConvNeXt's pattern: linear layers on a channels-last 4-D tensor, then a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.fc1, self.fc2, self.head = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16), torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x).permute(0, 2, 3, 1)
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(y))).permute(0, 3, 1, 2)
+        return self.head(y.mean((2, 3)))
+
+
+def test_ncnn_export_turns_linear_layers_on_channels_last_tensors_into_convolutions(tmp_path, monkeypatch) -> None:
+    from autotailor.deploy import export_ncnn, ncnn_net, run_ncnn
+
+    torch.manual_seed(0)
+    net = _ChannelsLastMlp().eval()
+    x = torch.randn(1, 3, 20, 20)
+    with torch.no_grad():
+        ref = net(x).numpy()
+    monkeypatch.chdir(tmp_path)  # a relative path, while pnnx runs in a directory of its own
+    param, _ = export_ncnn(net, Path("out") / "mlp", tuple(x.shape))
+    assert param == tmp_path / "out" / "mlp.param"
+    out = run_ncnn(ncnn_net(param), x.numpy())
+    assert out.shape == (1, 10)
+    assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max()
+    layers = [line.split()[0] for line in param.read_text().splitlines()[2:]]
+    # The channels-last linear layers are 1x1 convolutions: no Gemm between reshapes computed
+    # from the input's shape at run time, which NCNN runs 40x slower.
+    assert (layers.count("Convolution"), layers.count("InnerProduct"), layers.count("Gemm")) == (3, 1, 0)
+    assert "Reshape" not in layers
+    assert all(isinstance(m, torch.nn.Linear) for m in (net.fc1, net.fc2, net.head))  # the user's net is untouched
