@@ -139,9 +139,8 @@ class CacheModel:
     * ``in_model_ratio`` κ: what a kernel costs inside a model over what it cost timed alone.
       A backend timed by wall clock (NCNN) pays, for each kernel alone, the handling of a
       model's input and output (growing with the activations' size), which a whole model pays
-      once: κ = 0.78-0.91 for the CNNs measured, but 1.23 for ConvNeXt-T, whose kernels run
-      slower inside the model. ONNX Runtime's kernels are timed by its profiler, inside the
-      run: κ near 1.
+      once: κ = 0.78-0.91 for the four models measured. ONNX Runtime's kernels are timed by
+      its profiler, inside the run: κ near 1.
     """
 
     cache_bytes: int
