@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import random
 import signal
 import statistics
@@ -194,7 +195,9 @@ def test_profiling_killed_halfway_resumes_without_measuring_twice(tmp_path) -> N
                    check=True, capture_output=True)
     profile_cmd = [*cli, "profile", str(work), "--device", "ort-cpu:threads=1,flush_mb=0", "--device-name", "t",
                    "--quiet"]
-    proc = subprocess.Popen(profile_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # killed, it cannot remove its temporary files: they go to tmp_path
+    proc = subprocess.Popen(profile_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     lut = work / "latency.sqlite"
     deadline = time.time() + 120
     count = 0
