@@ -61,7 +61,7 @@ from sklearn.ensemble import RandomForestRegressor
 import autotailor as at
 from autotailor.pipeline.workdir import device_setup
 from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, CostModel, KernelPlan, LatencyPredictor,
-                                        fit_cache_model, make_backend, profile)
+                                        fit_cache_model, make_backend, profile, spread_by_weight, subnet_key)
 from autotailor.predict.latency.predictor import kernel_costs
 from autotailor.testing import well_conditioned
 
@@ -211,7 +211,6 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     # JSON has no infinity: no streaming term is stream_bytes None
     st["cache_model"] = {k: (None if v == math.inf else v) for k, v in dataclasses.asdict(cache).items()} if cache else None
     st["cache_model_text"] = product.describe() if aware else None
-    st.pop("accuracy_raw", None), st.pop("measured_raw", None)  # the names of an earlier version
     st["accuracy"], st["accuracy_scaled"] = {}, {}
     predictors = {"fused": product, "fused-sum": cold}
     if aware:
@@ -248,14 +247,13 @@ def calibration_draws(cold, hot, costs: CostModel, archs: list, measured: list[f
     times, n of them are picked the way the calibration picks its own (quantiles by weights of
     a random sample, here of 120), the model is fitted to those and scored on all of them."""
     rng = random.Random(0)
-    params = [costs.params(a) for a in archs]
+    index = {subnet_key(a): i for i, a in enumerate(archs)}
     out = {}
     for n in sizes:
         shares = []
         for _ in range(draws):
-            pool = sorted(rng.sample(range(len(archs)), min(120, len(archs))), key=params.__getitem__)
-            picked = sorted({pool[round(k * (len(pool) - 1) / (n - 1))] for k in range(n)})
-            model = fit_cache_model(cold, hot, costs, [archs[i] for i in picked], [measured[i] for i in picked],
+            picked = spread_by_weight(rng.sample(archs, min(120, len(archs))), costs, n)
+            model = fit_cache_model(cold, hot, costs, picked, [measured[index[subnet_key(a)]] for a in picked],
                                     cache_bytes)
             predictor = CacheAwarePredictor(cold, hot, costs, model)
             shares.append(accuracy([predictor.predict(a) for a in archs], measured)["within_10"])

@@ -85,3 +85,17 @@ def test_ncnn_export_turns_linear_layers_on_channels_last_tensors_into_convoluti
     assert (layers.count("Convolution"), layers.count("InnerProduct"), layers.count("Gemm")) == (3, 1, 0)
     assert "Reshape" not in layers
     assert all(isinstance(m, torch.nn.Linear) for m in (net.fc1, net.fc2, net.head))  # the user's net is untouched
+
+
+def test_ncnn_export_of_a_linear_layer_on_tokens(tmp_path) -> None:
+    """The 3-D case (batch, tokens, channels), as in a transformer: a 1-D convolution on NCNN."""
+    from autotailor.deploy import export_ncnn, ncnn_net, run_ncnn
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 24)).eval()
+    x = torch.randn(1, 7, 16)
+    param, _ = export_ncnn(net, tmp_path / "tokens", tuple(x.shape))
+    out = run_ncnn(ncnn_net(param), x.numpy())
+    assert out.shape == (1, 7, 24)
+    assert np.abs(out - net(x).detach().numpy()).max() <= 1e-5 * np.abs(out).max()
+    assert "Convolution1D" in param.read_text() and "Gemm" not in param.read_text()

@@ -117,7 +117,7 @@ def export_ncnn(net: nn.Module, path: str | Path, input_shape: tuple[int, ...] |
     """Write ``net`` as an NCNN model ``PATH.param`` + ``PATH.bin`` through pnnx (TorchScript in,
     BatchNorm and activations fused into the convolutions, fp32 weights). Inputs are named
     ``in0, in1, ...`` and the output ``out0``, each without the batch dimension. Linear layers
-    on tensors of more than two dimensions are exported flattened (see ``_for_ncnn``)."""
+    on 3-D and 4-D tensors are exported as 1x1 convolutions (see ``_for_ncnn``)."""
     try:
         from pnnx import EXEC_PATH
     except ImportError as exc:

@@ -195,16 +195,22 @@ def subnet_key(arch: Arch) -> str:
     return "subnet:" + json.dumps(arch, sort_keys=True, separators=(",", ":"))
 
 
+def spread_by_weight(archs: list[Arch], costs: "CostModel", n: int) -> list[Arch]:
+    """``n`` of ``archs`` (fewer if they repeat) spanning their range of weight sizes: their
+    quantiles by parameters, lightest first."""
+    ordered = sorted(archs, key=costs.params)
+    picked = {subnet_key(a): a for a in (ordered[round(i * (len(ordered) - 1) / max(1, n - 1))] for i in range(n))}
+    return list(picked.values())
+
+
 def calibration_archs(space, costs: "CostModel", n: int = 20, seed: int = 20261122) -> list[Arch]:
     """``n`` SubNets (fewer if the space repeats itself) spanning the space's range of weight
-    sizes: quantiles, by parameters, of a seeded random sample. Their measured latencies
+    sizes (``spread_by_weight`` of a seeded random sample of ``10 n``). Their measured latencies
     calibrate the ``CacheModel``. Twenty rather than twelve: fitted to twelve of the
     benchmark's measured SubNets picked so, ResNet-50 on NCNN had 95 % within ±10 % in 63 % of
     30 draws; fitted to twenty, in 83 % (docs/latency.md)."""
     rng = random.Random(seed)
-    sample = sorted((space.complete(space.sample(rng)) for _ in range(10 * n)), key=costs.params)
-    picked = {subnet_key(a): a for a in (sample[round(i * (len(sample) - 1) / max(1, n - 1))] for i in range(n))}
-    return list(picked.values())
+    return spread_by_weight([space.complete(space.sample(rng)) for _ in range(10 * n)], costs, n)
 
 
 def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", archs: list[Arch],
