@@ -165,3 +165,27 @@ def test_run_config_errors(tmp_path) -> None:
         merge_settings(cls, section, steps[section])
     with pytest.raises(at.AutoTailorError, match="unknown search setting 'budget'; allowed: latency_ms"):
         merge_settings(SearchSettings, "search", {"budget": 3})
+
+
+def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -> None:
+    from autotailor.pipeline.workdir import device_setup
+    from autotailor.predict.latency import CostModel, calibration_archs, subnet_key
+
+    work, device = str(run_dir), "ort-cpu:threads=1,warmup=1,repeats=5,budget_s=0.05"
+    assert main(["search", work, "--budgets", "3", "--device", device, "--verify", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert 0 <= result["verify_rounds"] <= 2 and "per call" in result["latency_model"]
+    sn = at.load(run_dir / "supernet.pt")
+    setup = device_setup(sn, work, device)
+    measured = setup.measured()
+    chosen = [c for c in result["choices"] if c["arch"] is not None]
+    assert chosen
+    for c in chosen:  # each choice measured whole, stored in the LUT, and reported
+        key = subnet_key(sn.space.complete(c["arch"]))
+        assert c["measured_latency_ms"] == pytest.approx(measured[key]) and measured[key] > 0
+    # the calibration's SubNets and the verified ones (of every round) all take part in the fit
+    calibration = calibration_archs(sn.space, CostModel(setup.plan))
+    assert {subnet_key(a) for a in calibration} | {subnet_key(sn.space.complete(c["arch"])) for c in chosen} \
+        <= set(measured)
+    assert main(["search", work, "--budgets", "3", "--device", "none", "--axis", "macs", "--verify", "1"]) == 2
+    assert "verify measures the chosen SubNets on a device: give --device" in capsys.readouterr().err

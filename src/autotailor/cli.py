@@ -325,6 +325,8 @@ def _floats(text: str | None, scale: float = 1.0) -> tuple[float, ...] | None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from autotailor.pipeline.selection import SearchSettings, objectives_for, run_search
     from autotailor.pipeline.workdir import device_setup
 
@@ -333,7 +335,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         "latency_ms": _floats(args.latency_ms), "macs": _floats(args.macs_m, 1e6),
         "params": _floats(args.params_m, 1e6), "memory_bytes": _floats(args.memory_mb, 2.0**20),
         "budgets": args.budgets, "axis": args.axis, "generations": args.generations,
-        "population": args.population, "seed": args.seed})
+        "population": args.population, "seed": args.seed, "verify": args.verify})
     constrains_latency = bool(settings.latency_ms) or (not settings.limits() and settings.axis == "latency_ms")
     device = None
     if args.device != "none":
@@ -346,20 +348,31 @@ def cmd_search(args: argparse.Namespace) -> int:
     elif constrains_latency:
         raise AutoTailorError("latency budgets need a device: --device ort-cpu:threads=1 (profiled first)")
     objectives = objectives_for(sn, args.work, device)
-    budgets = settings.budget_list(objectives)
-    result = run_search(sn, args.work, device, budgets, settings.evolution(), objectives)
-    met = [c for c in result.choices if c.arch is not None]
-    print(f"{len(budgets)} budgets searched in {result.seconds:.1f} s ({result.predictions} predictions); "
-          f"{len(met)} met; choices in {args.work}/search.json")
+    if settings.verify and device is None:
+        raise AutoTailorError("verify measures the chosen SubNets on a device: give --device (profiled first)")
+    columns = (TextColumn("verify (chosen SubNets measured)"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn())
+    with Progress(*columns, disable=not settings.verify or args.json) as progress:
+        task = progress.add_task("verify", total=None)
+        result = run_search(sn, args.work, device, settings, objectives,
+                            on_subnet=lambda done, total: progress.update(task, completed=done, total=total))
+    text = Path(args.work, "search.json").read_text()
+    found = json.loads(text)
+    met = [c for c in found["choices"] if c["arch"] is not None]
+    print(f"{len(result.choices)} budgets searched in {result.seconds:.1f} s ({result.predictions} predictions"
+          + (f", {found['verify_rounds']} verify rounds" if settings.verify else "")
+          + f"); {len(met)} met; choices in {args.work}/search.json")
     if args.json:
-        print(Path(args.work, "search.json").read_text())
+        print(text)
         return 0
-    for c in result.choices:
-        if c.arch is None:
-            print(f"  {c.budget.name}: no SubNet meets it")
-        else:
-            shown = ", ".join(f"{m} {v:.4g}" for m, v in c.metrics.items() if m in ("latency_ms", "macs", "params"))
-            print(f"  {c.budget.name}: predicted accuracy {100 * c.accuracy:.2f} %, {shown}")
+    for c in found["choices"]:
+        if c["arch"] is None:
+            print(f"  {c['budget']}: no SubNet meets it")
+            continue
+        shown = ", ".join(f"{m} {v:.4g}" for m, v in c["metrics"].items() if m in ("latency_ms", "macs", "params"))
+        if c.get("measured_latency_ms") is not None:
+            shown += f" (measured {c['measured_latency_ms']:.4g} ms)"
+        print(f"  {c['budget']}: predicted accuracy {100 * c['accuracy']:.2f} %, {shown}")
     return 0
 
 
@@ -527,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generations", type=int)
     p.add_argument("--population", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--verify", type=int, help="rounds of measuring the chosen SubNets on the device, refitting "
+                   "the latency predictor to them and searching again (default 0)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_search)
 

@@ -15,6 +15,7 @@ says what to run on, and optional tables per step (``[train]``, ``[tune]``, ``[s
     steps = 100
     [search]
     budgets = 10                     # or latency_ms = [2, 4, 8]
+    verify = 2                       # measure the chosen SubNets, refit, search again (rounds)
     [export]
     formats = ["onnx"]
 
@@ -55,6 +56,7 @@ lr = 0.02
 calibration_batches = 4
 [search]
 budgets = 8
+verify = 2
 [export]
 formats = ["onnx"]
 """

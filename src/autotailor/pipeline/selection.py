@@ -34,6 +34,7 @@ class SearchSettings:
     generations: int = 30
     beam_width: int = 4
     seed: int = 0
+    verify: int = 0  # rounds of measuring the chosen SubNets on the device and searching again
 
     def evolution(self) -> EvolutionSettings:
         return EvolutionSettings(population=self.population, generations=self.generations,
@@ -111,26 +112,55 @@ def zip_budgets(limits: dict[str, Sequence[float]]) -> list[Budget]:
     return [Budget.of(**{m: (v[0] if len(v) == 1 else v[i]) for m, v in limits.items()}) for i in range(n)]
 
 
-def _choice_dict(choice: Choice) -> dict[str, Any]:
-    return {"budget": choice.budget.name, "limits": choice.budget.as_dict(), "arch": choice.arch,
-            "accuracy": choice.accuracy, "metrics": choice.metrics, "seconds": round(choice.seconds, 4)}
+def _choice_dict(choice: Choice, space, measured: dict[str, float] | None) -> dict[str, Any]:
+    out = {"budget": choice.budget.name, "limits": choice.budget.as_dict(), "arch": choice.arch,
+           "accuracy": choice.accuracy, "metrics": choice.metrics, "seconds": round(choice.seconds, 4)}
+    if measured is not None and choice.arch is not None:
+        from autotailor.predict.latency import subnet_key
+
+        out["measured_latency_ms"] = measured.get(subnet_key(space.complete(choice.arch)))
+    return out
 
 
-def run_search(sn, work: str | Path, device: DeviceSetup | None, budgets: Sequence[Budget],
-               settings: EvolutionSettings, objectives: Objectives | None = None,
-               on_budget: Callable[[int, Choice], None] | None = None) -> SearchResult:
-    """Search every budget and write ``WORK/search.json``."""
+def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: SearchSettings,
+               objectives: Objectives | None = None, on_budget: Callable[[int, Choice], None] | None = None,
+               on_subnet: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Search every budget of ``settings`` and write ``WORK/search.json``.
+
+    ``settings.verify`` > 0 (with a device): the chosen SubNets are measured on the device
+    (``DeviceSetup.measure``), the latency predictor is fitted again with them, and the budgets
+    (spanning the space again, if given as a count) are searched again with it, up to
+    ``verify`` times (until a search chooses no SubNet not yet measured); each choice's
+    measured latency goes into ``search.json``. The random SubNets that calibrate the
+    predictor rarely look like a front's (the smallest, the most compute-dense for their
+    weights): the front's own measurements correct the fit where the search looks."""
     objectives = objectives or objectives_for(sn, work, device)
-    result = search(sn.space, objectives, budgets, settings, on_budget)
+    evolution, verify = settings.evolution(), settings.verify if device is not None else 0
+    result = search(sn.space, objectives, settings.budget_list(objectives), evolution, on_budget)
+    seconds, predictions, rounds = result.seconds, result.predictions, 0
+    while verify:
+        chosen = [sn.space.complete(c.arch) for c in result.choices if c.arch is not None]
+        new = device.measure(chosen, on_subnet)
+        log.info("verify round %d: %d chosen SubNets, %d newly measured", rounds, len(chosen), len(new))
+        if not new or rounds == verify:
+            break
+        rounds += 1
+        objectives = objectives_for(sn, work, device)
+        result = search(sn.space, objectives, settings.budget_list(objectives), evolution, on_budget)
+        seconds, predictions = seconds + result.seconds, predictions + result.predictions
+    result = dataclasses.replace(result, seconds=seconds, predictions=predictions)
+    measured = device.measured() if verify and device is not None else None
     write_json(Path(work) / SEARCH, {
         "device": device.spec if device else None,
         "target": str(device.target) if device else None,
+        "latency_model": device.predictor().describe() if measured is not None else None,
         "axis": result.axis,
-        "settings": dataclasses.asdict(settings),
+        "settings": dataclasses.asdict(evolution),
         "seconds": result.seconds,
         "predictions": result.predictions,
+        "verify_rounds": rounds,
         "beam_size": result.beam_size,
-        "choices": [_choice_dict(c) for c in result.choices],
+        "choices": [_choice_dict(c, sn.space, measured) for c in result.choices],
         "front": [{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
     })
     return result

@@ -112,7 +112,9 @@ class DeviceSetup:
     fitted to a few whole SubNets measured by ``calibrate`` (``cache_bytes``, from the CPU's
     cache sizes, is the largest budget tried, and the budget when no calibration was measured).
     Every backend is calibrated so: the fit also finds what a kernel costs inside a model
-    relative to alone (``CacheModel.in_model_ratio``; NCNN's kernels alone are slower).
+    relative to alone (``CacheModel.in_model_ratio``; NCNN's kernels alone are slower) and
+    what a whole model pays once per call (``CacheModel.call_ms``). SubNets measured later
+    (``measure``: a search's choices, verified) join the fit.
     """
 
     spec: str
@@ -137,7 +139,16 @@ class DeviceSetup:
         return costs, calibration_archs(self.plan.sn.space, costs)
 
     def calibrate(self, on_subnet: Callable[[int, int], None] | None = None) -> int:
-        """Measure the calibration SubNets the LUT lacks (exported, run whole); how many were measured.
+        """Measure the calibration SubNets the LUT lacks; how many were measured (see ``measure``)."""
+        if self.cache_fixed:
+            return 0
+        return len(self.measure(self._calibration()[1], on_subnet))
+
+    def measure(self, archs: list[dict[str, Any]], on_subnet: Callable[[int, int], None] | None = None
+                ) -> list[dict[str, Any]]:
+        """Measure the whole SubNets ``archs`` (complete architectures) that the LUT lacks,
+        exported and run as deployed, and store them; the ones measured. Every stored SubNet
+        of this space takes part in the ``CacheModel`` fit of ``predictor``.
 
         Each timing is divided by the machine's speed at that moment, relative to when the LUT
         was built: the median ratio of a few of the LUT's largest kernels timed again right
@@ -148,18 +159,15 @@ class DeviceSetup:
 
         from autotailor.predict.latency import Measurement, subnet_key
 
-        if self.cache_fixed:
-            return 0
-        _, archs = self._calibration()
         with self.open_store() as store, tempfile.TemporaryDirectory() as tmp:
             lacking = set(store.missing(self.target, [subnet_key(a) for a in archs]))
-            missing = [a for a in archs if subnet_key(a) in lacking]
+            missing = list({subnet_key(a): a for a in archs if subnet_key(a) in lacking}.values())
             if not missing:
-                return 0
+                return []
             entries = store.get(self.target, [k.signature for k in self.plan.kernels])
             if len(entries) < len(self.plan.kernels):
                 raise AutoTailorError(f"the LUT lacks {len(self.plan.kernels) - len(entries)} kernels for {self.target}; "
-                                      f"profile them before calibrating")
+                                      f"profile them before measuring SubNets")
             largest = sorted(self.plan.kernels, key=lambda k: -entries[k.signature].median_ms)[:5]
             probes = [(self.backend.prober(*self.plan.example(k)), entries[k.signature].median_ms) for k in largest]
 
@@ -179,25 +187,42 @@ class DeviceSetup:
                 store.put(self.target, subnet_key(missing[i]), min(first[i], timed(runs[i]), key=lambda m: m.median_ms))
                 if on_subnet is not None:
                     on_subnet(done, len(missing))
-        return len(missing)
+        return missing
+
+    def measured(self) -> dict[str, float]:
+        """Every whole SubNet of this space measured on the target: ``subnet_key`` -> median ms."""
+        from autotailor.predict.latency import SUBNET_PREFIX
+
+        space = self.plan.sn.space
+        with self.open_store() as store:
+            stored = store.with_prefix(self.target, SUBNET_PREFIX)
+        out = {}
+        for key, m in stored.items():
+            try:  # a LUT shared between work directories holds other spaces' SubNets too
+                arch = json.loads(key[len(SUBNET_PREFIX):])
+                if isinstance(arch, dict) and space.complete(arch) == arch:
+                    out[key] = m.median_ms
+            except (ValueError, KeyError, TypeError, AutoTailorError):
+                continue
+        return out
 
     def predictor(self):
         """The latency predictor of this device (the LUTs must be complete: ``profile`` first)."""
-        from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, LatencyPredictor, fit_cache_model,
-                                                subnet_key)
+        from autotailor.predict.latency import (SUBNET_PREFIX, CacheAwarePredictor, CacheModel, LatencyPredictor,
+                                                fit_cache_model, subnet_key)
 
         with self.open_store() as store:
             cold = LatencyPredictor.from_store(self.plan, store, self.target)
             hot = cold if self.hot_target is None else LatencyPredictor.from_store(self.plan, store, self.hot_target)
-            costs, archs = self._calibration()
-            measured = store.get(self.target, [subnet_key(a) for a in archs])
-        calibrated = not self.cache_fixed and len(measured) == len(archs)
+        costs, archs = self._calibration()
+        measured = self.measured()
+        calibrated = not self.cache_fixed and all(subnet_key(a) in measured for a in archs)
         if hot is cold and not calibrated:
             return cold
         model = CacheModel(self.cache_bytes)
         if calibrated:
-            model = fit_cache_model(cold, hot, costs, archs, [measured[subnet_key(a)].median_ms for a in archs],
-                                    self.cache_bytes)
+            fitted = [json.loads(k[len(SUBNET_PREFIX):]) for k in measured]
+            model = fit_cache_model(cold, hot, costs, fitted, list(measured.values()), self.cache_bytes)
         return CacheAwarePredictor(cold, hot, costs, model)
 
 

@@ -139,6 +139,15 @@ class LutStore:
             found.update({k: Measurement(*rest) for k, *rest in rows})
         return found
 
+    def with_prefix(self, target: Target, prefix: str) -> dict[str, Measurement]:
+        """The stored measurements whose key starts with ``prefix`` (e.g. every whole SubNet)."""
+        tid = self._target_id(target, create=False)
+        if tid is None:
+            return {}
+        rows = self._db.execute("SELECT kernel, median_ms, mad_ms, repeats, measured_at FROM entries "
+                                "WHERE target=? AND substr(kernel, 1, ?) = ?", (tid, len(prefix), prefix))
+        return {k: Measurement(*rest) for k, *rest in rows}
+
     def missing(self, target: Target, kernels: Iterable[str]) -> list[str]:
         """The kernels not yet measured on ``target``, in the order given."""
         wanted = list(dict.fromkeys(kernels))
