@@ -112,9 +112,8 @@ class DeviceSetup:
     fitted to a few whole SubNets measured by ``calibrate`` (``cache_bytes``, from the CPU's
     cache sizes, is the largest budget tried, and the budget when no calibration was measured).
     Every backend is calibrated so: the fit also finds what a kernel costs inside a model
-    relative to alone (``CacheModel.in_model_ratio``; NCNN's kernels alone are slower) and
-    what a whole model pays once per call (``CacheModel.call_ms``). SubNets measured later
-    (``measure``: a search's choices, verified) join the fit.
+    relative to alone (``CacheModel.in_model_ratio``; NCNN's kernels alone are slower).
+    SubNets measured later (``measure``: a search's choices, verified) join the fit.
     """
 
     spec: str

@@ -140,11 +140,8 @@ class CacheModel:
       A backend timed by wall clock (NCNN) pays, for each kernel alone, the handling of a
       model's input and output (growing with the activations' size), which a whole model pays
       once: κ = 0.82-0.88 for the four models measured. ONNX Runtime's kernels are timed by
-      its profiler, inside the run: κ near 1;
-    * ``call_ms`` δ: what a whole model pays once per call beyond the LUT's overhead entry (an
-      identity on a tiny tensor): copying its real input and output, and what the runtime does
-      at a model's ends only (ONNX Runtime's layout reorders, which its kernels' entries leave
-      out). 20-30 µs on ONNX Runtime: 30 % of the smallest CIFAR-10 SubNets.
+      its profiler, inside the run: κ near 1. The runtime's per-call overhead, paid once, is
+      not scaled.
     """
 
     cache_bytes: int
@@ -152,7 +149,6 @@ class CacheModel:
     stream_bytes: float = math.inf
     stream_ms_per_mib: float = 0.0
     in_model_ratio: float = 1.0
-    call_ms: float = 0.0
 
     def latency(self, weights: int, hot_ms: float, cold_ms: float, overhead_ms: float = 0.0) -> float:
         """A SubNet's latency from its weights (bytes), its warm and flushed kernel sums and the
@@ -163,7 +159,7 @@ class CacheModel:
         ms *= self.in_model_ratio
         if weights > self.stream_bytes:
             ms += self.stream_ms_per_mib * (weights - self.stream_bytes) / 2**20
-        return ms + overhead_ms + self.call_ms
+        return ms + overhead_ms
 
 
 class CacheAwarePredictor:
@@ -184,8 +180,7 @@ class CacheAwarePredictor:
         parts = [] if self.hot is self.cold else [f"cache budget {c.cache_bytes / 2**20:g} MiB", f"cold share {c.cold_share:g}"]
         if c.stream_ms_per_mib:
             parts.append(f"weights beyond {c.stream_bytes / 2**20:g} MiB streaming at {c.stream_ms_per_mib:.3f} ms/MiB")
-        return ", ".join(parts + [f"kernels inside a model x{c.in_model_ratio:.2f}",
-                                  f"{1000 * c.call_ms:+.1f} µs per call"])
+        return ", ".join(parts + [f"kernels inside a model x{c.in_model_ratio:.2f}"])
 
     def predict(self, arch: Arch) -> float:
         dropped = self.costs.plan.dropped(arch)
@@ -227,20 +222,19 @@ def calibration_archs(space, costs: "CostModel", n: int = 20, seed: int = 202611
 
 def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostModel", archs: list[Arch],
                     measured_ms: list[float], max_cache_bytes: int) -> CacheModel:
-    """The ``CacheModel`` whose predictions best match the measured SubNets ``archs``: least
-    mean |predicted / measured - 1|, which one disturbed measurement cannot pull far. C among 0
-    and powers of two from 256 KiB to ``max_cache_bytes``, φ among 0, 0.1, ..., 1, D among
+    """The ``CacheModel`` whose predictions best match the measured SubNets ``archs`` (least
+    mean |log(predicted / measured)|, which one disturbed measurement cannot pull far): C among
+    0 and powers of two from 256 KiB to ``max_cache_bytes``, φ among 0, 0.1, ..., 1, D among
     1-256 MiB (or none), τ among 0.002-0.5 ms per MiB (from 2 GB/s to 500 GB/s), κ among 0.70,
-    0.71, ..., 1.30; δ, for each of those, is the best constant (a weighted median), no lower
-    than minus the LUT's overhead. When ``hot`` is ``cold`` (a backend profiled in one cache
-    state), C and φ have nothing to act on and are left at ``max_cache_bytes`` and 1.
+    0.71, ..., 1.30. When ``hot`` is ``cold`` (a backend profiled in one cache state), C and φ
+    have nothing to act on and are left at ``max_cache_bytes`` and 1.
 
     What a core really keeps of a model in cache is not what the OS reports: a VM sees its
     host's whole last-level cache, shared with other tenants (see docs/latency.md)."""
     weights = np.array([costs.params(a) * BYTES_PER_VALUE for a in archs], dtype=np.float64)
     hot_ms = np.array([hot.predict(a) for a in archs]) - hot.overhead_ms
     cold_ms = np.array([cold.predict(a) for a in archs]) - cold.overhead_ms
-    measured = np.array(measured_ms, dtype=np.float64)
+    log_measured = np.log(np.array(measured_ms))
     if hot is cold:
         budgets, shares = [max_cache_bytes], [1.0]
     else:
@@ -256,26 +250,16 @@ def fit_cache_model(cold: LatencyPredictor, hot: LatencyPredictor, costs: "CostM
             base = hot_ms + share * beyond * (cold_ms - hot_ms)
             for stream in streams:
                 extra = np.clip(weights - stream, 0.0, None) / 2**20  # MiB beyond D, per SubNet
-                # ratios x taus x SubNets, before δ
-                residual = measured - (ratios[:, None, None] * base + taus[None, :, None] * extra + hot.overhead_ms)
-                delta = np.maximum(_weighted_median(residual, 1.0 / measured), -hot.overhead_ms)
-                errors = (np.abs(residual - delta[..., None]) / measured).sum(2)
+                # ratios x taus x SubNets
+                predicted = ratios[:, None, None] * base + taus[None, :, None] * extra + hot.overhead_ms
+                errors = np.abs(np.log(predicted) - log_measured).sum(2)
                 r, t = np.unravel_index(int(errors.argmin()), errors.shape)
                 if best is None or errors[r, t] < best[0] - 1e-12:
                     tau = float(taus[t])
                     best = (float(errors[r, t]), CacheModel(budget, share, stream if tau else math.inf, tau,
-                                                            float(ratios[r]), float(delta[r, t])))
+                                                            float(ratios[r])))
     assert best is not None
     return best[1]
-
-
-def _weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Along the last axis: the value minimising the weighted sum of absolute deviations."""
-    order = np.argsort(values, axis=-1)
-    ordered = np.take_along_axis(values, order, -1)
-    cumulative = np.cumsum(weights[order], axis=-1)
-    first = (cumulative >= cumulative[..., -1:] / 2).argmax(-1)
-    return np.take_along_axis(ordered, first[..., None], -1)[..., 0]
 
 
 @dataclass(frozen=True)
