@@ -187,5 +187,12 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
     calibration = calibration_archs(sn.space, CostModel(setup.plan))
     assert {subnet_key(a) for a in calibration} | {subnet_key(sn.space.complete(c["arch"])) for c in chosen} \
         <= set(measured)
+    assert main(["report", work]) == 0  # the report shows each choice's measured latency
+    report = (run_dir / "report.md").read_text()
+    assert "| measured latency_ms |" in report and f"repeated {result['verify_rounds']} time(s)" in report
+    first = chosen[0]
+    assert f"| {first['budget']} |" in report
+    assert report.split(f"| {first['budget']} |")[1].split("\n")[0].rstrip(" |").endswith(
+        f"{first['measured_latency_ms']:.3g} ms")
     assert main(["search", work, "--budgets", "3", "--device", "none", "--axis", "macs", "--verify", "1"]) == 2
     assert "verify measures the chosen SubNets on a device: give --device" in capsys.readouterr().err

@@ -85,14 +85,21 @@ def write_report(work: str | Path) -> Path:
                   f"measured in {sens['seconds']:.1f} s. Most sensitive: "
                   + ", ".join(f"`{k}` {100 * v:.2f} pts" for k, v in worst) + ".", ""]
     if search:
+        verified = any("measured_latency_ms" in c for c in search["choices"])
         lines += ["## Search", "",
                   f"{len(search['choices'])} budgets searched in {search['seconds']:.1f} s "
                   f"({search['predictions']} predictions; beam {search['beam_size']} SubNets)"
-                  + (f" for {search['target']}" if search["target"] else "") + ".", "",
-                  "| budget | predicted accuracy | " + " | ".join(f"predicted {m}" for m in _shown(search)) + " |",
-                  "|---|---|" + "---|" * len(_shown(search))]
+                  + (f" for {search['target']}" if search["target"] else "") + "."
+                  + (f" The chosen SubNets were measured on it and the searches repeated "
+                     f"{search['verify_rounds']} time(s) with the latency model refitted to them: "
+                     f"{search['latency_model']}." if verified else ""), "",
+                  "| budget | predicted accuracy | " + " | ".join(f"predicted {m}" for m in _shown(search))
+                  + (" | measured latency_ms |" if verified else " |"),
+                  "|---|---|" + "---|" * (len(_shown(search)) + verified)]
         for c in search["choices"]:
             cells = [_fmt(m, c["metrics"].get(m)) for m in _shown(search)] if c["arch"] else ["no SubNet meets it"]
+            if verified and c["arch"]:
+                cells.append(_fmt("latency_ms", c.get("measured_latency_ms")))
             lines.append(f"| {c['budget']} | {_fmt('accuracy', c['accuracy'])} | " + " | ".join(cells) + " |")
         lines += ["", f"![Pareto front]({plot(work, search, exports).name})", ""]
     if exports:
