@@ -15,8 +15,8 @@ Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
    space: each round's chosen SubNets are measured and join the latency predictor's fit, and
    the budgets are searched again (the searches and the whole step timed);
 3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
-   (median of repeats; the SubNets are timed in two interleaved rounds so drift cancels)
-   and its accuracy measured on the validation subset of accuracy_predictor.py;
+   (median of repeats, in two passes in opposite orders, the faster kept) and its accuracy
+   measured on the validation subset of accuracy_predictor.py;
 4. the same latency measurement for that benchmark's pool of random SubNets, whose accuracy
    is known: the chosen front must beat the pool (no random SubNet more accurate than every
    chosen SubNet at or below its measured latency by more than 0.5 points).
@@ -55,9 +55,11 @@ def cli(*argv: str) -> None:
     subprocess.run([str(BIN / "autotailor"), *argv], check=True, env=env)
 
 
-def measure_latencies(sn, archs: list[dict], calibration, rounds: int = 2) -> list[float]:
-    """Median latency (ms) of each SubNet as ONNX on ONNX Runtime, timed in ``rounds``
-    interleaved passes (the median of the passes' medians)."""
+def measure_latencies(sn, archs: list[dict], calibration) -> list[float]:
+    """Latency (ms) of each SubNet as ONNX on ONNX Runtime: the median of repeated calls, in two
+    passes in opposite orders, the faster kept (a disturbance only ever slows a run down; one
+    at the start of a pass, while the OS settles after writing hundreds of files, made the
+    first SubNets measure 1.4x slower in an earlier run)."""
     from autotailor.predict.latency import make_backend, parse_device
     from autotailor.tune import recalibrated
 
@@ -71,8 +73,9 @@ def measure_latencies(sn, archs: list[dict], calibration, rounds: int = 2) -> li
                 net = sn.extract(arch).eval()
             files.append((backend.deploy(net, Path(tmp) / f"subnet{i}", shape), shape))
         # one session at a time: hundreds of loaded models would not fit in memory
-        times = [[backend.time(backend.load(path, shape)).median_ms for path, shape in files] for _ in range(rounds)]
-    return [statistics.median(t[i] for t in times) for i in range(len(archs))]
+        first = [backend.time(backend.load(path, shape)).median_ms for path, shape in files]
+        second = [backend.time(backend.load(path, shape)).median_ms for path, shape in reversed(files)][::-1]
+    return [min(a, b) for a, b in zip(first, second)]
 
 
 def run_model(name: str, args: argparse.Namespace, store: State) -> dict:

@@ -22,7 +22,8 @@ and the largest SubNet's accuracy side by side.
 Every stage is resumable: the commands resume from their checkpoints, and finished stages
 and evaluations are recorded in ``WORK/state.json``, so the script can be stopped and started
 again. Losses, wall and CPU time per step come from the ``train.log.jsonl`` / ``tune.log.jsonl``
-that the commands write. Results: ``benchmarks/results/tune_cifar10.{json,md}``.
+that the commands write (wall time: the median step's times the steps, which a paused run
+does not inflate). Results: ``benchmarks/results/tune_cifar10.{json,md}``.
 """
 
 from __future__ import annotations
@@ -76,10 +77,14 @@ def read_log(path: Path) -> list[dict]:
 
 
 def log_summary(path: Path) -> dict:
+    """Steps, time and throughput of a train/tune log. The wall time is the median step's
+    times the steps: a run paused (SIGSTOP while the machine times something else) or
+    interrupted mid-step would otherwise count the pause."""
     records = read_log(path)
-    seconds = sum(r["seconds"] for r in records)
+    seconds = statistics.median(r["seconds"] for r in records) * len(records) if records else 0.0
     images = sum(r["images"] for r in records)
     return {"steps": len(records), "wall_seconds": round(seconds, 1),
+            "wall_seconds_summed": round(sum(r["seconds"] for r in records), 1),
             "cpu_seconds_rank0": round(sum(r["cpu_seconds"] for r in records), 1),
             "images_per_second": round(images / seconds, 1) if seconds else None,
             "final_loss": round(statistics.mean(r["loss"] for r in records[-50:]), 4) if records else None}
@@ -242,7 +247,7 @@ def report(state: State, args: argparse.Namespace) -> None:
             f"({pct(r['random_min'])}-{pct(r['random_max'])}) | {pct(r['random_median_plain'])} | "
             f"{pct(r['untuned_smallest']['recalibrated'])} / {pct(r['untuned_random_median'])} | "
             f"{100 * r['min_gain_from_tuning']:+.2f} | {r['improved']}/{r['evaluated']} |")
-    lines += ["", "| model | train / tune steps, tune lr | targets | train: img/s, wall, CPU (rank 0) | "
+    lines += ["", "| model | train / tune steps, tune lr | targets | train: img/s, wall (median step x steps), CPU (rank 0) | "
               "tune: SubNet-img/s, wall, CPU |", "|---|---|---|---|---|"]
     for name, r in results.items():
         t, u = r["train"], r["tune"]
