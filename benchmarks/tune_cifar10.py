@@ -248,7 +248,7 @@ def report(state: State, args: argparse.Namespace) -> None:
             f"{pct(r['untuned_smallest']['recalibrated'])} / {pct(r['untuned_random_median'])} | "
             f"{100 * r['min_gain_from_tuning']:+.2f} | {r['improved']}/{r['evaluated']} |")
     lines += ["", "| model | train / tune steps, tune lr | targets | train: img/s, wall (median step x steps), CPU (rank 0) | "
-              "tune: SubNet-img/s, wall, CPU |", "|---|---|---|---|---|"]
+              "tune: SubNet-img/s, wall (median step x steps), CPU |", "|---|---|---|---|---|"]
     for name, r in results.items():
         t, u = r["train"], r["tune"]
         met = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in r["targets"].items())

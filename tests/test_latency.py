@@ -329,7 +329,7 @@ def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
 
 def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     from autotailor.pipeline.workdir import device_setup
-    from autotailor.predict.latency import calibration_archs, fit_cache_model, subnet_key
+    from autotailor.predict.latency import calibration_archs, fit_cache_model, subnet_arch, subnet_key
 
     device = device_setup(resnet, tmp_path, "ort-cpu:threads=1", device_name="here")
     plan, costs = device.plan, CostModel(device.plan)
@@ -379,6 +379,9 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
             store.put(device.target, subnet_key(a), Measurement(slower.predict(a), 0.0, 1))
         store.put(device.target, subnet_key({"no_such_variable": 1}), Measurement(1.0, 0.0, 1))
     assert len(later) == 25 and len(device.measured()) == 45
+    assert [subnet_arch(subnet_key(a)) for a in later] == later
+    with pytest.raises(ValueError, match="is not a whole SubNet's LUT entry"):
+        subnet_arch("overhead")
     before = CacheAwarePredictor(cold, hot, costs, fitted)
 
     def error(p) -> float:

@@ -190,7 +190,7 @@ class DeviceSetup:
 
     def measured(self) -> dict[str, float]:
         """Every whole SubNet of this space measured on the target: ``subnet_key`` -> median ms."""
-        from autotailor.predict.latency import SUBNET_PREFIX
+        from autotailor.predict.latency import SUBNET_PREFIX, subnet_arch
 
         space = self.plan.sn.space
         with self.open_store() as store:
@@ -198,7 +198,7 @@ class DeviceSetup:
         out = {}
         for key, m in stored.items():
             try:  # a LUT shared between work directories holds other spaces' SubNets too
-                arch = json.loads(key[len(SUBNET_PREFIX):])
+                arch = subnet_arch(key)
                 if isinstance(arch, dict) and space.complete(arch) == arch:
                     out[key] = m.median_ms
             except (ValueError, KeyError, TypeError, AutoTailorError):
@@ -207,8 +207,8 @@ class DeviceSetup:
 
     def predictor(self):
         """The latency predictor of this device (the LUTs must be complete: ``profile`` first)."""
-        from autotailor.predict.latency import (SUBNET_PREFIX, CacheAwarePredictor, CacheModel, LatencyPredictor,
-                                                fit_cache_model, subnet_key)
+        from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, LatencyPredictor, fit_cache_model,
+                                                subnet_arch, subnet_key)
 
         with self.open_store() as store:
             cold = LatencyPredictor.from_store(self.plan, store, self.target)
@@ -220,8 +220,8 @@ class DeviceSetup:
             return cold
         model = CacheModel(self.cache_bytes)
         if calibrated:
-            fitted = [json.loads(k[len(SUBNET_PREFIX):]) for k in measured]
-            model = fit_cache_model(cold, hot, costs, fitted, list(measured.values()), self.cache_bytes)
+            model = fit_cache_model(cold, hot, costs, [subnet_arch(k) for k in measured], list(measured.values()),
+                                    self.cache_bytes)
         return CacheAwarePredictor(cold, hot, costs, model)
 
 

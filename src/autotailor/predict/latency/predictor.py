@@ -202,6 +202,13 @@ def subnet_key(arch: Arch) -> str:
     return SUBNET_PREFIX + json.dumps(arch, sort_keys=True, separators=(",", ":"))
 
 
+def subnet_arch(key: str) -> Arch:
+    """The architecture of a ``subnet_key`` (``ValueError`` if ``key`` is not one)."""
+    if not key.startswith(SUBNET_PREFIX):
+        raise ValueError(f"{key!r} is not a whole SubNet's LUT entry")
+    return json.loads(key[len(SUBNET_PREFIX):])
+
+
 def spread_by_weight(archs: list[Arch], costs: "CostModel", n: int) -> list[Arch]:
     """``n`` of ``archs`` (fewer if they repeat) spanning their range of weight sizes: their
     quantiles by parameters, lightest first."""
