@@ -7,6 +7,10 @@ whose tuned SuperNets it reads; about 2.5 hours per model on one core, resumable
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/accuracy_predictor.py --models resnet18
     .venv/bin/python benchmarks/accuracy_predictor.py --report-only
 
+On two cores, the random SubNets can be shared by two processes (``taskset -c 0 ... --shard
+0/2`` and ``taskset -c 1 ... --shard 1/2``) once the sensitivity table is built; the
+unsharded run then only writes the results.
+
 For each tuned CIFAR-10 SuperNet:
 
 1. a fixed validation subset (``--validation-images`` CIFAR-10 test images: all 10,000 by
@@ -63,23 +67,28 @@ def top5_accuracy(pred: np.ndarray, truth: np.ndarray, groups: int, size: int, s
     return hits / groups
 
 
-def evaluate_all(sn, archs: list[dict], data, store: State, key: tuple[str, ...], label: str) -> list[float]:
+def evaluate_all(sn, archs: list[dict], data, store: State, key: tuple[str, ...], label: str,
+                 shard: tuple[int, int] = (0, 1)) -> list[float] | None:
+    """Each arch's accuracy, evaluated unless stored. With ``shard`` (k, n) only the archs
+    whose index is k mod n are evaluated, and None is returned: n processes share the work."""
     from autotailor.tune import evaluate
 
-    done = store.get(*key) or {}
+    k, n = shard
     for i, arch in enumerate(archs):
-        if str(i) in done:
+        if i % n != k or str(i) in (store.get(*key) or {}):
             continue
         started = time.perf_counter()
         acc = evaluate(sn, arch, data.val, data.calibration)
-        done[str(i)] = {"accuracy": acc, "seconds": time.perf_counter() - started}
-        store.put(done, *key)
+        store.put({"accuracy": acc, "seconds": time.perf_counter() - started}, *key, str(i))
         if (i + 1) % 25 == 0:
             print(f"  {label}: {i + 1}/{len(archs)}", flush=True)
+    if n > 1:
+        return None
+    done = store.get(*key)
     return [done[str(i)]["accuracy"] for i in range(len(archs))]
 
 
-def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
+def run_model(name: str, args: argparse.Namespace, store: State) -> dict | None:
     import autotailor as at
     from autotailor.pipeline.workdir import EvalSettings, eval_data
     from autotailor.predict.accuracy import MlpPredictor, MlpSettings, SensitivityPredictor, measure_sensitivity
@@ -97,18 +106,26 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
         raise SystemExit(f"{args.work} holds {name} evaluations made with {store.get(name, 'evaluation')}, "
                          f"not {evaluation}: pass another --work or the same settings")
     store.put(evaluation, name, "evaluation")
-    table = measure_sensitivity(sn, data.val, data.calibration, out_dir / "sensitivity.json",
-                                info={"data": "cifar10", **data.describe()})
-    budget = len(table.deltas) + 1
-    sens = SensitivityPredictor(sn.space, table)
+    shard = args.shard
+    if shard[1] > 1:  # the random SubNets only; an unsharded run builds the table and the results
+        table = None
+        budget = sn.space.num_modifications + 1
+    else:
+        table = measure_sensitivity(sn, data.val, data.calibration, out_dir / "sensitivity.json",
+                                    info={"data": "cifar10", **data.describe()})
+        budget = len(table.deltas) + 1
     rng = random.Random(1)
     pool = [sn.space.sample(rng) for _ in range(args.pool)]
-    truth = np.array(evaluate_all(sn, pool, data, store, (name, "pool"), "pool"))
-    seconds_per_eval = statistics.median(v["seconds"] for v in store.get(name, "pool").values())
+    pool_acc = evaluate_all(sn, pool, data, store, (name, "pool"), "pool", shard)
     extra_rng = random.Random(2)
     multiples = [int(k) for k in args.mlp_budgets.split(",")]
     extra = [sn.space.sample(extra_rng) for _ in range(max(multiples) * budget)]
-    extra_acc = evaluate_all(sn, extra, data, store, (name, "mlp_train"), "MLP training SubNets")
+    extra_acc = evaluate_all(sn, extra, data, store, (name, "mlp_train"), "MLP training SubNets", shard)
+    if table is None:
+        return None
+    truth = np.array(pool_acc)
+    sens = SensitivityPredictor(sn.space, table)
+    seconds_per_eval = statistics.median(v["seconds"] for v in store.get(name, "pool").values())
     results = {"modifications": len(table.deltas), "validation_images": data.images,
                "calibration_batches": len(data.calibration), "pool": len(pool),
                "seconds_per_evaluation": seconds_per_eval, "base_accuracy": table.base_accuracy,
@@ -187,12 +204,21 @@ def main() -> int:
     p.add_argument("--mlp-seeds", type=int, default=3, help="MLP training seeds averaged per budget")
     p.add_argument("--results", default=str(RESULTS), help="where the JSON and Markdown go")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--shard", default="0/1", type=lambda s: tuple(int(x) for x in s.split("/")),
+                   help="K/N: evaluate only every N-th random SubNet from the K-th, so that N processes "
+                        "share the pool and the MLP's SubNets; a final unsharded run writes the results")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     store = State(Path(args.work) / "state.json")
     if not args.report_only:
         for name in args.models.split(","):
-            store.put(run_model(name, args, store), name, "results")
+            results = run_model(name, args, store)
+            if results is None:
+                print(f"{name}: shard {args.shard[0]}/{args.shard[1]} done", flush=True)
+                continue
+            store.put(results, name, "results")
+        if args.shard[1] > 1:
+            return 0
     models = {n: store.get(n, "results") for n in args.models.split(",") if store.get(n, "results")}
     data = {"command": "python " + " ".join(sys.argv), "machine": machine("torch", "scipy"), "models": models,
             "settings": {k: getattr(args, k) for k in ("pool", "groups", "group_size", "validation_images",

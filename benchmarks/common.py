@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -23,8 +24,9 @@ def machine(*packages: str) -> dict:
 class State:
     """Finished work of a benchmark, kept in a JSON file so that a restarted run skips it.
 
-    ``put`` re-reads the file before writing, so one driver per model may run at the same
-    time; ``section`` hands out a live nested dict that ``save`` writes (one driver only)."""
+    ``put`` re-reads the file and writes it under an exclusive lock, so several drivers may
+    run at the same time as long as each puts its own keys; ``section`` hands out a live
+    nested dict that ``save`` writes (one driver only)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -45,10 +47,12 @@ class State:
         return d
 
     def put(self, value, *keys) -> None:
-        if self.path.is_file():
-            self.data = json.loads(self.path.read_text())
-        self.section(*keys[:-1])[keys[-1]] = value
-        self.save()
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.path.is_file():
+                self.data = json.loads(self.path.read_text())
+            self.section(*keys[:-1])[keys[-1]] = value
+            self.save()
 
     def save(self) -> None:
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
