@@ -162,17 +162,23 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict | None:
 
 def report(data: dict) -> str:
     lines = ["# Accuracy predictor: sensitivities vs Once-for-All's MLP", "",
-             f"Command: `{data['command']}`", "", f"Machine: {json.dumps(data['machine'])}", "",
-             "| model | predictor | evaluations | build time (s) | Kendall tau | top-5 ranking accuracy |",
-             "|---|---|---|---|---|---|"]
+             f"Command: `{data['command']}`. Evaluations ran one thread each (`OMP_NUM_THREADS=1`): per model "
+             "`--models NAME`, its random SubNets shared by two `--shard K/2` processes, one per core, for resnet18.",
+             "", f"Machine: {json.dumps(data['machine'])}", "",
+             "A single modification's SubNet is nearly the largest, a random one is mid-sized: the "
+             "sensitivity build's evaluations cost more each.", "",
+             "| model | predictor | evaluations | build time (s) | s per evaluation | Kendall tau "
+             "| top-5 ranking accuracy |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in data["models"].items():
         s = r["sensitivity"]
         lines.append(f"| {name} | sensitivity | {s['evaluations']} | {s['build_seconds']:.0f} | "
-                     f"{s['kendall_tau']:.3f} | {100 * s['top5']:.0f} % |")
+                     f"{s['build_seconds'] / s['evaluations']:.1f} | {s['kendall_tau']:.3f} | {100 * s['top5']:.0f} % |")
         for m in r["mlp"]:
             seeds = ", ".join(f"{100 * t:.0f}" for t in m.get("top5_per_seed", []))
             lines.append(f"| {name} | MLP ({m['budget_multiple']}x budget) | {m['evaluations']} | "
-                         f"{m['build_seconds']:.0f} | {m['kendall_tau']:.3f} | {100 * m['top5']:.0f} %"
+                         f"{m['build_seconds']:.0f} | {m['build_seconds'] / m['evaluations']:.1f} | "
+                         f"{m['kendall_tau']:.3f} | {100 * m['top5']:.0f} %"
                          + (f" (seeds: {seeds})" if seeds else "") + " |")
     lines += ["", "Pool, validation subset and what an MLP needs to match:", ""]
     for name, r in data["models"].items():
@@ -184,7 +190,10 @@ def report(data: dict) -> str:
                      f"largest {100 * r['base_accuracy']:.2f} %. "
                      + (f"The MLP matches the sensitivity predictor's top-5 accuracy at {match['budget_multiple']}x "
                         f"its evaluations, {match['cost_ratio']:.1f}x its build time."
-                        if match else "No MLP budget tried matches the sensitivity predictor's top-5 accuracy."))
+                        if match else
+                        f"No MLP budget tried matches the sensitivity predictor's top-5 accuracy; the largest "
+                        f"({r['mlp'][-1]['budget_multiple']}x) took {r['mlp'][-1]['build_seconds'] / r['sensitivity']['build_seconds']:.1f}x "
+                        f"its build time."))
     return "\n".join(lines) + "\n"
 
 
