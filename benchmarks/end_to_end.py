@@ -165,7 +165,7 @@ def report(data: dict) -> str:
         rows = r["rows"]
         errors = [abs(x["measured_ms"] / x["predicted_ms"] - 1) for x in rows]
         lines += [f"## {name} on {DEVICE}", "",
-                  f"Command: `{data['commands'].get('search', '')}`", "",
+                  f"Command: `{r.get('command', '')}` (commit {r.get('commit', '?')[:10]})", "",
                   f"- LUT built in {r['profile_seconds']:.0f} s; {r['budgets']} budgets searched in "
                   f"{r['search_seconds']:.1f} s ({r['predictions']} predictions, {r.get('verify_rounds', 0)} verify "
                   f"rounds; the whole search step with its measurements {r.get('search_step_seconds', 0):.0f} s); "
@@ -213,8 +213,10 @@ def main() -> int:
     command = "python " + " ".join(sys.argv)
     if not args.report_only:
         for name in filter(None, args.models.split(",")):
-            store.put(run_model(name, args, store), "models", name)
-            store.put(command, "commands", "search")
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+            dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True).stdout
+            store.put({**run_model(name, args, store), "command": command,
+                       "commit": commit.strip() + (" with uncommitted changes in src" if dirty else "")}, "models", name)
         if args.demo:
             store.put(run_demo(), "demo")
             store.put(command, "commands", "demo")
