@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from autotailor.cli import main
 from autotailor.compiler.config import load_config
 from autotailor.pipeline.deployment import ExportSettings
 from autotailor.pipeline.run import DEMO_CONFIG, plan_run
-from autotailor.pipeline.selection import SearchSettings
+from autotailor.pipeline.selection import SearchSettings, objectives_for
 from autotailor.pipeline.workdir import EvalSettings, eval_data
 from autotailor.predict.latency import LutStore
 from autotailor.settings import merge_settings
@@ -187,6 +188,17 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
     calibration = calibration_archs(sn.space, CostModel(setup.plan))
     assert {subnet_key(a) for a in calibration} | {subnet_key(sn.space.complete(c["arch"])) for c in chosen} \
         <= set(measured)
+    # a measured SubNet's latency is its measurement from then on, any other's the prediction
+    objectives = objectives_for(sn, work, setup)
+
+    def latency(arch):
+        return objectives.metric("latency_ms", arch)
+    for c in chosen:
+        assert latency(sn.space.complete(c["arch"])) == measured[subnet_key(sn.space.complete(c["arch"]))]
+    unmeasured = next(a for a in (sn.space.sample(random.Random(i)) for i in range(100)) if subnet_key(a) not in measured)
+    assert latency(unmeasured) == pytest.approx(setup.predictor().predict(unmeasured))
+    if result["verify_rounds"] < 2:  # the last search chose only measured SubNets: each within its budget
+        assert all(c["measured_latency_ms"] <= c["limits"]["latency_ms"] for c in chosen)
     assert main(["report", work]) == 0  # the report shows each choice's measured latency
     report = (run_dir / "report.md").read_text()
     assert "| measured latency_ms |" in report and f"repeated {result['verify_rounds']} time(s)" in report

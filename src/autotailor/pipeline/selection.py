@@ -77,10 +77,26 @@ def objectives_for(sn, work: str | Path, device: DeviceSetup | None) -> Objectiv
     metrics: dict[str, Callable[[Arch], float]] = {m: counted(m) for m in METRICS if m != "latency_ms"}
     if device is not None:
         try:
-            metrics["latency_ms"] = device.predictor().predict
+            metrics["latency_ms"] = _measured_first(names, device.measured(), device.predictor().predict)
         except AutoTailorError as exc:
             raise SearchError(f"{exc}: run `autotailor profile {work} --device {device.spec}`") from exc
     return Objectives(sn.space, accuracy.predict, metrics)
+
+
+def _measured_first(names: list[str], measured: dict[str, float],
+                    predict: Callable[[Arch], float]) -> Callable[[Arch], float]:
+    """Latency: a SubNet measured whole on the device (calibrated or verified) has its
+    measurement, any other the prediction. A verified SubNet that measured over its budget is
+    then no longer chosen on the refitted model's word, which is still a few percent off for
+    some SubNets."""
+    from autotailor.predict.latency import subnet_arch
+
+    known = {tuple(a[n] for n in names): ms for a, ms in ((subnet_arch(k), ms) for k, ms in measured.items())}
+
+    def latency(arch: Arch) -> float:
+        ms = known.get(tuple(arch.get(n) for n in names))
+        return predict(arch) if ms is None else ms
+    return latency
 
 
 def span_budgets(objectives: Objectives, metric: str, count: int) -> list[Budget]:
