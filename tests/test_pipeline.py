@@ -169,8 +169,10 @@ def test_run_config_errors(tmp_path) -> None:
 
 
 def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -> None:
+    from autotailor.pipeline.selection import _within_measured
     from autotailor.pipeline.workdir import device_setup
-    from autotailor.predict.latency import CostModel, calibration_archs, subnet_key
+    from autotailor.predict.latency import CostModel, calibration_archs, subnet_arch, subnet_key
+    from autotailor.search import Budget, Choice
 
     work, device = str(run_dir), "ort-cpu:threads=1,warmup=1,repeats=5,budget_s=0.05"
     assert main(["search", work, "--budgets", "3", "--device", device, "--verify", "2", "--json"]) == 0
@@ -190,6 +192,7 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
         <= set(measured)
     # a measured SubNet's latency is its measurement from then on, any other's the prediction
     objectives = objectives_for(sn, work, setup)
+    slowest = max(chosen, key=lambda c: c["measured_latency_ms"])
 
     def latency(arch):
         return objectives.metric("latency_ms", arch)
@@ -197,8 +200,16 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
         assert latency(sn.space.complete(c["arch"])) == measured[subnet_key(sn.space.complete(c["arch"]))]
     unmeasured = next(a for a in (sn.space.sample(random.Random(i)) for i in range(100)) if subnet_key(a) not in measured)
     assert latency(unmeasured) == pytest.approx(setup.predictor().predict(unmeasured))
-    if result["verify_rounds"] < 2:  # the last search chose only measured SubNets: each within its budget
-        assert all(c["measured_latency_ms"] <= c["limits"]["latency_ms"] for c in chosen)
+    for c in chosen:  # each choice meets its budget as measured, unless no measured SubNet does
+        assert c["measured_latency_ms"] <= c["limits"]["latency_ms"] or min(measured.values()) > c["limits"]["latency_ms"]
+    # a choice measured over its budget gives way to the most accurate measured SubNet within it
+    limit = 0.999 * slowest["measured_latency_ms"]
+    over = Choice(Budget.of(latency_ms=limit), slowest["arch"], None, {}, 0.0)
+    fits = [subnet_arch(k) for k, ms in measured.items() if ms <= limit]
+    assert fits  # the calibration's lightest SubNets at least
+    replaced = _within_measured(over, objectives, measured)
+    assert replaced.arch == max(fits, key=objectives.accuracy) and replaced.metrics["latency_ms"] <= limit
+    assert replaced.accuracy == objectives.accuracy(replaced.arch)
     assert main(["report", work]) == 0  # the report shows each choice's measured latency
     report = (run_dir / "report.md").read_text()
     assert "| measured latency_ms |" in report and f"repeated {result['verify_rounds']} time(s)" in report

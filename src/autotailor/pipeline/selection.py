@@ -164,8 +164,13 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         objectives = objectives_for(sn, work, device)
         result = search(sn.space, objectives, settings.budget_list(objectives), evolution, on_budget)
         seconds, predictions = seconds + result.seconds, predictions + result.predictions
-    result = dataclasses.replace(result, seconds=seconds, predictions=predictions)
     measured = device.measured() if verify and device is not None else None
+    if measured:
+        # The last round's new choices were measured but not searched again: one over its
+        # budget gives way to the best measured SubNet within it.
+        objectives = objectives_for(sn, work, device)
+        result = dataclasses.replace(result, choices=[_within_measured(c, objectives, measured) for c in result.choices])
+    result = dataclasses.replace(result, seconds=seconds, predictions=predictions)
     write_json(Path(work) / SEARCH, {
         "device": device.spec if device else None,
         "target": str(device.target) if device else None,
@@ -180,6 +185,23 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         "front": [{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
     })
     return result
+
+
+def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str, float]) -> Choice:
+    """``choice``, or if it measured over its budget the most accurate (predicted) SubNet among
+    the measured ones that meet the budget (``choice`` unchanged when none does)."""
+    from autotailor.predict.latency import subnet_arch, subnet_key
+
+    if choice.arch is None or objectives.feasible(objectives.space.complete(choice.arch), choice.budget):
+        return choice
+    fits = [a for a in map(subnet_arch, measured) if objectives.feasible(a, choice.budget)]
+    if not fits:
+        return choice
+    best = max(fits, key=objectives.accuracy)
+    log.info("%s: the choice measured %.3g ms, over the budget; the best measured SubNet within it replaces it",
+             choice.budget.name, measured[subnet_key(objectives.space.complete(choice.arch))])
+    return dataclasses.replace(choice, arch=best, accuracy=objectives.accuracy(best),
+                               metrics={m: objectives.metric(m, best) for m in objectives.metrics})
 
 
 def read_search(work: str | Path) -> dict[str, Any]:
