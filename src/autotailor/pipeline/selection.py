@@ -147,7 +147,9 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
     (``DeviceSetup.measure``), the latency predictor is fitted again with them, and the budgets
     (spanning the space again, if given as a count) are searched again with it, up to
     ``verify`` times (until a search chooses no SubNet not yet measured); each choice's
-    measured latency goes into ``search.json``. The random SubNets that calibrate the
+    measured latency goes into ``search.json``. A measured SubNet's latency is its measurement
+    in every search, and a last-round choice over its budget gives way to the most accurate
+    measured SubNet within it. The random SubNets that calibrate the
     predictor rarely look like a front's (the smallest, the most compute-dense for their
     weights): the front's own measurements correct the fit where the search looks."""
     objectives = objectives or objectives_for(sn, work, device)
@@ -190,7 +192,7 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
 def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str, float]) -> Choice:
     """``choice``, or if it measured over its budget the most accurate (predicted) SubNet among
     the measured ones that meet the budget (``choice`` unchanged when none does)."""
-    from autotailor.predict.latency import subnet_arch, subnet_key
+    from autotailor.predict.latency import subnet_arch
 
     if choice.arch is None or objectives.feasible(objectives.space.complete(choice.arch), choice.budget):
         return choice
@@ -199,7 +201,7 @@ def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str,
         return choice
     best = max(fits, key=objectives.accuracy)
     log.info("%s: the choice measured %.3g ms, over the budget; the best measured SubNet within it replaces it",
-             choice.budget.name, measured[subnet_key(objectives.space.complete(choice.arch))])
+             choice.budget.name, objectives.metric("latency_ms", objectives.space.complete(choice.arch)))
     return dataclasses.replace(choice, arch=best, accuracy=objectives.accuracy(best),
                                metrics={m: objectives.metric(m, best) for m in objectives.metrics})
 
