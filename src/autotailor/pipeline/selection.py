@@ -91,7 +91,10 @@ def _measured_first(names: list[str], measured: dict[str, float],
     some SubNets."""
     from autotailor.predict.latency import subnet_arch
 
-    known = {tuple(a[n] for n in names): ms for a, ms in ((subnet_arch(k), ms) for k, ms in measured.items())}
+    known = {}
+    for key, ms in measured.items():
+        arch = subnet_arch(key)
+        known[tuple(arch[n] for n in names)] = ms
 
     def latency(arch: Arch) -> float:
         ms = known.get(tuple(arch.get(n) for n in names))
