@@ -15,8 +15,9 @@ Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
    space: each round's chosen SubNets are measured and join the latency predictor's fit, and
    the budgets are searched again (the searches and the whole step timed);
 3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
-   (median of repeats, in two passes in opposite orders, the faster kept) and its accuracy
-   measured on the validation subset of accuracy_predictor.py;
+   (median of repeats, in two passes in opposite orders, the faster kept; divided by the
+   machine's slowness relative to the LUT's build, measured side by side, as the search's own
+   measurements are) and its accuracy measured on the validation subset of accuracy_predictor.py;
 4. the same latency measurement for that benchmark's pool of random SubNets, whose accuracy
    is known: the chosen front must beat the pool (no random SubNet more accurate than every
    chosen SubNet at or below its measured latency by more than 0.5 points).
@@ -55,17 +56,31 @@ def cli(*argv: str) -> None:
     subprocess.run([str(BIN / "autotailor"), *argv], check=True, env=env)
 
 
-def measure_latencies(sn, archs: list[dict], calibration) -> list[float]:
-    """Latency (ms) of each SubNet as ONNX on ONNX Runtime: the median of repeated calls, in two
+def measure_latencies(sn, work: Path, archs: list[dict], calibration, probe_every: int = 8) -> list[dict]:
+    """Latency of each SubNet as ONNX on ONNX Runtime: the median of repeated calls, in two
     passes in opposite orders, the faster kept (a disturbance only ever slows a run down; one
     at the start of a pass, while the OS settles after writing hundreds of files, made the
-    first SubNets measure 1.4x slower in an earlier run)."""
-    from autotailor.predict.latency import make_backend, parse_device
+    first SubNets measure 1.4x slower in an earlier run).
+
+    Every ``probe_every`` timings, the machine's slowness relative to when the LUT was built is
+    measured side by side (the LUT's largest kernels timed again, as the search's verification
+    does): ``ms`` is the timing divided by it, ``raw_ms`` the timing as it came."""
+    from autotailor.pipeline.workdir import device_setup
     from autotailor.tune import recalibrated
 
-    name, settings = parse_device(DEVICE)
-    backend = make_backend(name, **settings)
+    setup = device_setup(sn, work, DEVICE)
+    backend, probe = setup.backend, setup.speed_probe()
     files = []
+    timings = 0
+    slowness = 1.0
+
+    def timed(path, shape) -> tuple[float, float]:
+        nonlocal timings, slowness
+        if timings % probe_every == 0:
+            slowness = probe()
+        timings += 1
+        return backend.time(backend.load(path, shape)).median_ms, slowness
+
     with tempfile.TemporaryDirectory() as tmp:
         for i, arch in enumerate(archs):
             shape = tuple(sn.input_shape(arch))
@@ -73,9 +88,10 @@ def measure_latencies(sn, archs: list[dict], calibration) -> list[float]:
                 net = sn.extract(arch).eval()
             files.append((backend.deploy(net, Path(tmp) / f"subnet{i}", shape), shape))
         # one session at a time: hundreds of loaded models would not fit in memory
-        first = [backend.time(backend.load(path, shape)).median_ms for path, shape in files]
-        second = [backend.time(backend.load(path, shape)).median_ms for path, shape in reversed(files)][::-1]
-    return [min(a, b) for a, b in zip(first, second)]
+        first = [timed(path, shape) for path, shape in files]
+        second = [timed(path, shape) for path, shape in reversed(files)][::-1]
+    kept = [min(a, b, key=lambda t: t[0] / t[1]) for a, b in zip(first, second)]
+    return [{"ms": ms / slow, "raw_ms": ms, "slowness": slow} for ms, slow in kept]
 
 
 def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
@@ -115,13 +131,14 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     pool_acc = [ap_state[name]["pool"][str(i)]["accuracy"] for i in range(len(pool))][: args.pool]
     pool = pool[: args.pool]
     # Chosen and random SubNets timed in one interleaved session, so drift hits both alike.
-    measured = measure_latencies(sn, archs + pool, data.calibration)
-    chosen_lat, pool_lat = measured[: len(archs)], measured[len(archs):]
+    measured = measure_latencies(sn, work, archs + pool, data.calibration)
+    chosen_lat, pool_lat = [m["ms"] for m in measured[: len(archs)]], [m["ms"] for m in measured[len(archs):]]
     chosen_acc = [evaluate(sn, a, data.val, data.calibration) for a in archs]
     rows = []
-    for c, lat, acc in zip(chosen, chosen_lat, chosen_acc):
+    for c, lat, m, acc in zip(chosen, chosen_lat, measured, chosen_acc):
         rows.append({"budget_ms": c["limits"]["latency_ms"], "predicted_ms": c["metrics"]["latency_ms"],
-                     "measured_ms": lat, "verified_ms": c.get("measured_latency_ms"),
+                     "measured_ms": lat, "raw_ms": m["raw_ms"], "slowness": m["slowness"],
+                     "verified_ms": c.get("measured_latency_ms"),
                      "predicted_accuracy": c["accuracy"], "measured_accuracy": acc,
                      "within_budget_5pct": lat <= 1.05 * c["limits"]["latency_ms"]})
     beaten = []
@@ -172,16 +189,21 @@ def report(data: dict) -> str:
                   f"{r['met']} met.",
                   f"- Latency model after verification: {r.get('latency_model')}.",
                   f"- Chosen SubNets measuring within their budget +5 %: {r['within_budget_5pct']} of {len(rows)}; "
-                  f"median |measured/predicted - 1| {100 * statistics.median(errors):.1f} %.",
+                  f"median |measured/predicted - 1| {100 * statistics.median(errors):.1f} %. Timings here are "
+                  "divided by the machine's slowness relative to the LUT's build, measured side by side "
+                  + (f"({min(x['slowness'] for x in rows):.2f}-{max(x['slowness'] for x in rows):.2f}); as timed, "
+                     f"{sum(x['raw_ms'] <= 1.05 * x['budget_ms'] for x in rows)} of {len(rows)} are within +5 %."
+                     if "raw_ms" in rows[0] else "(not in this run)."),
                   f"- Random SubNets ({r['pool']}, measured {r['pool_latency_ms']['min']:.2f}-"
                   f"{r['pool_latency_ms']['max']:.2f} ms) more accurate by > 0.5 points than every chosen SubNet "
                   f"at or below their latency: {len(r['pool_beating_front'])}.", "",
                   "| budget (ms) | predicted (ms) | measured in the search's verification (ms) | measured here (ms) "
-                  "| predicted acc. | measured acc. |",
-                  "|---|---|---|---|---|---|"]
+                  "| as timed (ms) | predicted acc. | measured acc. |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {x['budget_ms']:.3g} | {x['predicted_ms']:.3f} | "
                   + (f"{x['verified_ms']:.3f}" if x.get("verified_ms") is not None else "-")
                   + f" | {x['measured_ms']:.3f} | "
+                  + (f"{x['raw_ms']:.3f}" if "raw_ms" in x else "-") + " | "
                   f"{100 * x['predicted_accuracy']:.2f} % | {100 * x['measured_accuracy']:.2f} % |" for x in rows]
         lines.append("")
     demo = data.get("demo")

@@ -143,38 +143,47 @@ class DeviceSetup:
             return 0
         return len(self.measure(self._calibration()[1], on_subnet))
 
+    def speed_probe(self) -> Callable[[], float]:
+        """A function giving the machine's slowness now relative to when the LUT was built: the
+        median ratio of a few of the LUT's largest kernels timed again to their LUT times (1.2:
+        kernels take 20 % longer now). Divide a timing by it to compare it with the LUT."""
+        import statistics
+
+        with self.open_store() as store:
+            entries = store.get(self.target, [k.signature for k in self.plan.kernels])
+        if len(entries) < len(self.plan.kernels):
+            raise AutoTailorError(f"the LUT lacks {len(self.plan.kernels) - len(entries)} kernels for {self.target}; "
+                                  f"profile them before measuring SubNets")
+        largest = sorted(self.plan.kernels, key=lambda k: -entries[k.signature].median_ms)[:5]
+        probes = [(self.backend.prober(*self.plan.example(k)), entries[k.signature].median_ms) for k in largest]
+        return lambda: statistics.median(probe().median_ms / ms for probe, ms in probes)
+
     def measure(self, archs: list[dict[str, Any]], on_subnet: Callable[[int, int], None] | None = None
                 ) -> list[dict[str, Any]]:
         """Measure the whole SubNets ``archs`` (complete architectures) that the LUT lacks,
         exported and run as deployed, and store them; the ones measured. Every stored SubNet
         of this space takes part in the ``CacheModel`` fit of ``predictor``.
 
-        Each timing is divided by the machine's speed at that moment, relative to when the LUT
-        was built: the median ratio of a few of the LUT's largest kernels timed again right
-        before. A VM's speed drifts by tens of percent for tens of seconds at a time, which would
+        Each timing is divided by the machine's slowness at that moment (``speed_probe``), taken
+        right before. A VM's speed drifts by tens of percent for tens of seconds at a time, which would
         otherwise be fitted as a property of the cache."""
-        import statistics
         import tempfile
 
         from autotailor.predict.latency import Measurement, subnet_key
 
-        with self.open_store() as store, tempfile.TemporaryDirectory() as tmp:
+        with self.open_store() as store:
             lacking = set(store.missing(self.target, [subnet_key(a) for a in archs]))
-            missing = list({subnet_key(a): a for a in archs if subnet_key(a) in lacking}.values())
-            if not missing:
-                return []
-            entries = store.get(self.target, [k.signature for k in self.plan.kernels])
-            if len(entries) < len(self.plan.kernels):
-                raise AutoTailorError(f"the LUT lacks {len(self.plan.kernels) - len(entries)} kernels for {self.target}; "
-                                      f"profile them before measuring SubNets")
-            largest = sorted(self.plan.kernels, key=lambda k: -entries[k.signature].median_ms)[:5]
-            probes = [(self.backend.prober(*self.plan.example(k)), entries[k.signature].median_ms) for k in largest]
+        missing = list({subnet_key(a): a for a in archs if subnet_key(a) in lacking}.values())
+        if not missing:
+            return []
+        slowness = self.speed_probe()
 
-            def timed(run) -> Measurement:
-                speed = statistics.median(probe().median_ms / ms for probe, ms in probes)
-                t = self.backend.time(run)
-                return Measurement(t.median_ms / speed, t.mad_ms / speed, t.repeats, t.measured_at)
+        def timed(run) -> Measurement:
+            now = slowness()
+            t = self.backend.time(run)
+            return Measurement(t.median_ms / now, t.mad_ms / now, t.repeats, t.measured_at)
 
+        with self.open_store() as store, tempfile.TemporaryDirectory() as tmp:
             runs = []
             for i, arch in enumerate(missing):
                 shape = self.plan.sn.input_shape(arch)
