@@ -15,9 +15,9 @@ Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
    space: each round's chosen SubNets are measured and join the latency predictor's fit, and
    the budgets are searched again (the searches and the whole step timed);
 3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
-   (median of repeats, in two passes in opposite orders, the faster kept; divided by the
-   machine's slowness relative to the LUT's build, measured side by side, as the search's own
-   measurements are) and its accuracy measured on the validation subset of accuracy_predictor.py;
+   as the search's verification measures (median of repeats, in two passes in opposite orders,
+   the faster kept; divided by the machine's slowness relative to the LUT's build, measured
+   side by side) and its accuracy measured on the validation subset of accuracy_predictor.py;
 4. the same latency measurement for that benchmark's pool of random SubNets, whose accuracy
    is known: the chosen front must beat the pool (no random SubNet more accurate than every
    chosen SubNet at or below its measured latency by more than 0.5 points).
@@ -56,42 +56,24 @@ def cli(*argv: str) -> None:
     subprocess.run([str(BIN / "autotailor"), *argv], check=True, env=env)
 
 
-def measure_latencies(sn, work: Path, archs: list[dict], calibration, probe_every: int = 8) -> list[dict]:
-    """Latency of each SubNet as ONNX on ONNX Runtime: the median of repeated calls, in two
-    passes in opposite orders, the faster kept (a disturbance only ever slows a run down; one
-    at the start of a pass, while the OS settles after writing hundreds of files, made the
-    first SubNets measure 1.4x slower in an earlier run).
-
-    Every ``probe_every`` timings, the machine's slowness relative to when the LUT was built is
-    measured side by side (the LUT's largest kernels timed again, as the search's verification
-    does): ``ms`` is the timing divided by it, ``raw_ms`` the timing as it came."""
+def measure_latencies(sn, work: Path, archs: list[dict], calibration) -> list[dict]:
+    """Latency of each SubNet as ONNX on ONNX Runtime, timed as the search's verification
+    times its choices (``DeviceSetup.time_deployed``: the median of repeated calls, two passes
+    in opposite orders, at the LUT's machine speed), with the speed read every 8 timings:
+    ``ms`` at the LUT's speed, ``raw_ms`` as timed."""
     from autotailor.pipeline.workdir import device_setup
     from autotailor.tune import recalibrated
 
     setup = device_setup(sn, work, DEVICE)
-    backend, probe = setup.backend, setup.speed_probe()
     files = []
-    timings = 0
-    slowness = 1.0
-
-    def timed(path, shape) -> tuple[float, float]:
-        nonlocal timings, slowness
-        if timings % probe_every == 0:
-            slowness = probe()
-        timings += 1
-        return backend.time(backend.load(path, shape)).median_ms, slowness
-
     with tempfile.TemporaryDirectory() as tmp:
         for i, arch in enumerate(archs):
             shape = tuple(sn.input_shape(arch))
             with recalibrated(sn, arch, calibration):
                 net = sn.extract(arch).eval()
-            files.append((backend.deploy(net, Path(tmp) / f"subnet{i}", shape), shape))
-        # one session at a time: hundreds of loaded models would not fit in memory
-        first = [timed(path, shape) for path, shape in files]
-        second = [timed(path, shape) for path, shape in reversed(files)][::-1]
-    kept = [min(a, b, key=lambda t: t[0] / t[1]) for a, b in zip(first, second)]
-    return [{"ms": ms / slow, "raw_ms": ms, "slowness": slow} for ms, slow in kept]
+            files.append((setup.backend.deploy(net, Path(tmp) / f"subnet{i}", shape), shape))
+        timed = setup.time_deployed(files, probe_every=8)
+    return [{"ms": m.median_ms, "raw_ms": m.median_ms * slowness, "slowness": slowness} for m, slowness in timed]
 
 
 def run_model(name: str, args: argparse.Namespace, store: State) -> dict:

@@ -18,7 +18,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -158,43 +158,66 @@ class DeviceSetup:
         probes = [(self.backend.prober(*self.plan.example(k)), entries[k.signature].median_ms) for k in largest]
         return lambda: statistics.median(probe().median_ms / ms for probe, ms in probes)
 
+    def time_deployed(self, files: Sequence[tuple[Path, Any]], probe_every: int = 1,
+                      on_timed: Callable[[int, int], None] | None = None) -> list[tuple[Any, float]]:
+        """Time deployed SubNets (``(path, input shape)`` as ``backend.deploy`` wrote them) at the
+        LUT's machine speed: per SubNet, the ``Measurement`` divided by the slowness, and the slowness.
+
+        Two passes in opposite orders; each SubNet keeps its faster timing (a disturbance only
+        ever slows a run down). The slowness (``speed_probe``) is read before every
+        ``probe_every`` timings and once at the end; a timing is divided by the lower of the
+        readings around it, since a disturbance only ever inflates a reading too. Choosing the
+        pass by the quotient instead would favour a reading that a disturbance inflated, and
+        put a SubNet up to 20 % below what it measures. Sessions are loaded one at a time."""
+        from autotailor.predict.latency import Measurement
+
+        probe = self.speed_probe()
+        readings: list[float] = []
+        timings: list[list[tuple[Any, int]]] = [[] for _ in files]
+        order = [*range(len(files)), *reversed(range(len(files)))]
+        for done, i in enumerate(order):
+            if done % probe_every == 0:
+                readings.append(probe())
+            path, shape = files[i]
+            timings[i].append((self.backend.time(self.backend.load(path, shape)), len(readings) - 1))
+            if on_timed is not None:
+                on_timed(done + 1, len(order))
+        readings.append(probe())
+        out = []
+        for pair in timings:
+            m, r = min(pair, key=lambda t: t[0].median_ms)
+            slowness = min(readings[r], readings[r + 1])
+            out.append((Measurement(m.median_ms / slowness, m.mad_ms / slowness, m.repeats, m.measured_at), slowness))
+        return out
+
     def measure(self, archs: list[dict[str, Any]], on_subnet: Callable[[int, int], None] | None = None
                 ) -> list[dict[str, Any]]:
         """Measure the whole SubNets ``archs`` (complete architectures) that the LUT lacks,
-        exported and run as deployed, and store them; the ones measured. Every stored SubNet
-        of this space takes part in the ``CacheModel`` fit of ``predictor``.
+        exported and run as deployed (``time_deployed``), and store them; the ones measured.
+        Every stored SubNet of this space takes part in the ``CacheModel`` fit of ``predictor``.
 
-        Each timing is divided by the machine's slowness at that moment (``speed_probe``), taken
-        right before. A VM's speed drifts by tens of percent for tens of seconds at a time, which would
-        otherwise be fitted as a property of the cache."""
+        The timings are at the LUT's machine speed: a VM's speed drifts by tens of percent for
+        tens of seconds at a time, which would otherwise be fitted as a property of the cache."""
         import tempfile
 
-        from autotailor.predict.latency import Measurement, subnet_key
+        from autotailor.predict.latency import subnet_key
 
         with self.open_store() as store:
             lacking = set(store.missing(self.target, [subnet_key(a) for a in archs]))
         missing = list({subnet_key(a): a for a in archs if subnet_key(a) in lacking}.values())
         if not missing:
             return []
-        slowness = self.speed_probe()
-
-        def timed(run) -> Measurement:
-            now = slowness()
-            t = self.backend.time(run)
-            return Measurement(t.median_ms / now, t.mad_ms / now, t.repeats, t.measured_at)
-
-        with self.open_store() as store, tempfile.TemporaryDirectory() as tmp:
-            runs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            files = []
             for i, arch in enumerate(missing):
                 shape = self.plan.sn.input_shape(arch)
-                path = self.backend.deploy(self.plan.sn.extract(arch).eval(), Path(tmp) / f"subnet{i}", shape)
-                runs.append(self.backend.load(path, shape))
-            # Two passes in opposite orders, the faster kept: what the speed probes miss.
-            first = [timed(run) for run in runs]
-            for done, i in enumerate(reversed(range(len(missing))), 1):
-                store.put(self.target, subnet_key(missing[i]), min(first[i], timed(runs[i]), key=lambda m: m.median_ms))
-                if on_subnet is not None:
-                    on_subnet(done, len(missing))
+                files.append((self.backend.deploy(self.plan.sn.extract(arch).eval(), Path(tmp) / f"subnet{i}", shape),
+                              shape))
+            progress = None if on_subnet is None else lambda done, total: on_subnet(done // 2, total // 2)
+            timed = self.time_deployed(files, on_timed=progress)
+        with self.open_store() as store:
+            for arch, (m, _) in zip(missing, timed):
+                store.put(self.target, subnet_key(arch), m)
         return missing
 
     def measured(self) -> dict[str, float]:
