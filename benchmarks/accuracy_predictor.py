@@ -185,11 +185,6 @@ def report(data: dict) -> str:
                          + (f" (seeds: {seeds})" if seeds else "") + " |")
     lines += ["", "Pool, validation subset and what an MLP needs to match:", ""]
     for name, r in data["models"].items():
-        second = r["sensitivity"].get("second_set")
-        if second:
-            lines.append(f"- {name}, sensitivity predictor on a second random set (the MLP's {second['subnets']} "
-                         f"training SubNets, evaluated alike, groups drawn the same way): Kendall tau "
-                         f"{second['kendall_tau']:.3f}, top-5 {100 * second['top5']:.0f} %.")
         match = r["mlp_matching_top5"]
         lines.append(f"- {name}: {r['pool']} random SubNets on {r['validation_images']} test images "
                      f"({r['calibration_batches']} calibration batches each, median {r['seconds_per_evaluation']:.2f} s "
@@ -202,6 +197,11 @@ def report(data: dict) -> str:
                         f"No MLP budget tried matches the sensitivity predictor's top-5 accuracy; the largest "
                         f"({r['mlp'][-1]['budget_multiple']}x) took {r['mlp'][-1]['build_seconds'] / r['sensitivity']['build_seconds']:.1f}x "
                         f"its build time."))
+        second = r["sensitivity"].get("second_set")
+        if second:
+            lines.append(f"- {name}, sensitivity predictor on a second random set (the MLP's {second['subnets']} "
+                         f"training SubNets, evaluated alike, groups drawn the same way): Kendall tau "
+                         f"{second['kendall_tau']:.3f}, top-5 {100 * second['top5']:.0f} %.")
     return "\n".join(lines) + "\n"
 
 
