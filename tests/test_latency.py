@@ -441,3 +441,35 @@ def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv
     # Timings are scaled to the speed the LUT was measured at (by re-timing its largest kernels).
     ratios = [stored[2.0][k].median_ms / stored[1.0][k].median_ms for k in stored[1.0]]
     assert 1.5 < statistics.median(ratios) < 2.6, ratios
+
+
+class _ScriptedRuntime:
+    """A runtime whose timings are given in order: a disturbance on the real one cannot be set up."""
+
+    def __init__(self, ms: list[float]):
+        self.ms = iter(ms)
+
+    def load(self, path, shape) -> None:
+        return None
+
+    def time(self, run) -> Measurement:
+        return Measurement(next(self.ms), 0.0, 5)
+
+
+@pytest.mark.parametrize("readings, timings, expected_ms, expected_slowness", [
+    # the reading before b's first timing is inflated by a disturbance: b keeps 2.00 ms, not
+    # 2.00 / 1.25 = 1.6 ms (the pass with the lower quotient, which a search once measured so)
+    ([1.0, 1.25, 1.0, 1.0, 1.0], [1.00, 2.00, 2.02, 1.02], [1.00, 2.00], [1.0, 1.0]),
+    # the machine really is 25 % slower than when the LUT was built: every reading says so
+    ([1.25] * 5, [1.25, 2.5, 2.6, 1.3], [1.00, 2.00], [1.25, 1.25]),
+])
+def test_time_deployed_keeps_the_faster_timing_over_the_lower_reading_around_it(
+        tmp_path, readings, timings, expected_ms, expected_slowness) -> None:
+    from autotailor.pipeline.workdir import DeviceSetup
+
+    device = DeviceSetup("scripted", _ScriptedRuntime(timings), None, tmp_path / "lut.sqlite", None)
+    scripted = iter(readings)
+    device.speed_probe = lambda: lambda: next(scripted)
+    timed = device.time_deployed([("a.onnx", (1, 3, 8, 8)), ("b.onnx", (1, 3, 8, 8))])  # order a, b, b, a
+    assert [m.median_ms for m, _ in timed] == pytest.approx(expected_ms)
+    assert [s for _, s in timed] == pytest.approx(expected_slowness)
