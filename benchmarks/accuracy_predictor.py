@@ -197,11 +197,10 @@ def report(data: dict) -> str:
                         f"No MLP budget tried matches the sensitivity predictor's top-5 accuracy; the largest "
                         f"({r['mlp'][-1]['budget_multiple']}x) took {r['mlp'][-1]['build_seconds'] / r['sensitivity']['build_seconds']:.1f}x "
                         f"its build time."))
-        second = r["sensitivity"].get("second_set")
-        if second:
-            lines.append(f"- {name}, sensitivity predictor on a second random set (the MLP's {second['subnets']} "
-                         f"training SubNets, evaluated alike, groups drawn the same way): Kendall tau "
-                         f"{second['kendall_tau']:.3f}, top-5 {100 * second['top5']:.0f} %.")
+        second = r["sensitivity"]["second_set"]
+        lines.append(f"- {name}, sensitivity predictor on a second random set (the MLP's {second['subnets']} "
+                     f"training SubNets, evaluated alike, groups drawn the same way): Kendall tau "
+                     f"{second['kendall_tau']:.3f}, top-5 {100 * second['top5']:.0f} %.")
     return "\n".join(lines) + "\n"
 
 
