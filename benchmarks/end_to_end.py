@@ -11,8 +11,8 @@ reuses; on an otherwise idle machine, since it times models)::
 Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
 
 1. ``autotailor profile`` builds the latency LUT (timed);
-2. ``autotailor search --verify 3`` for ``--budgets`` latency budgets evenly spanning the
-   space: each round's chosen SubNets are measured and join the latency predictor's fit, and
+2. ``autotailor search --verify 3`` for ``--budgets`` latency budgets spanning the space (a
+   fixed ratio apart): each round's chosen SubNets are measured and join the latency predictor's fit, and
    the budgets are searched again (the searches and the whole step timed);
 3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
    as the search's verification measures (median of repeats, in two passes in opposite orders,

@@ -133,6 +133,19 @@ def test_search_meets_every_budget_and_is_deterministic(resnet) -> None:
         search(space, obj, [Budget.of(latency_ms=3)], settings)
 
 
+def test_budgets_spanning_the_space_are_a_fixed_ratio_apart(resnet) -> None:
+    from autotailor.pipeline.selection import span_budgets
+
+    obj = _objectives(resnet)
+    lo, hi = obj.metric("macs", resnet.space.min()), obj.metric("macs", resnet.space.max())
+    values = [b.as_dict()["macs"] for b in span_budgets(obj, "macs", 5)]
+    assert values[0] >= lo and values[0] == pytest.approx(lo, rel=1e-2)  # rounded up: the smallest still fits
+    assert values[-1] == pytest.approx(hi, rel=5e-3)
+    ratios = [b / a for a, b in zip(values, values[1:])]
+    assert ratios == pytest.approx([(hi / lo) ** 0.25] * 4, rel=1e-2)
+    assert [b.as_dict()["macs"] for b in span_budgets(obj, "macs", 1)] == [hi]
+
+
 def test_budget_labels() -> None:
     assert parse_budget_label("8ms") == ("latency_ms", 8.0)
     assert parse_budget_label("300mmacs") == ("macs", 300e6)

@@ -28,7 +28,7 @@ class SearchSettings:
     macs: tuple = ()
     params: tuple = ()
     memory_bytes: tuple = ()
-    budgets: int = 0  # this many budgets evenly spaced along ``axis``, when no list is given
+    budgets: int = 0  # this many budgets spanning ``axis`` (a fixed ratio apart), when no list is given
     axis: str = "latency_ms"
     population: int = 100
     generations: int = 30
@@ -103,12 +103,19 @@ def _measured_first(names: list[str], measured: dict[str, float],
 
 
 def span_budgets(objectives: Objectives, metric: str, count: int) -> list[Budget]:
-    """``count`` budgets evenly spaced from the smallest SubNet's ``metric`` to the largest's."""
+    """``count`` budgets from the smallest SubNet's ``metric`` to the largest's, each a fixed
+    ratio above the last. Why not even steps: accuracy changes fastest near the smallest
+    SubNets, and a budget's tolerance is relative; even steps crowd the flat top of the front
+    with budgets that choose the same SubNet and leave its steep bottom coarse."""
     space = objectives.space
     lo, hi = objectives.metric(metric, space.min()), objectives.metric(metric, space.max())
     if count < 2:
         return [Budget.of(**{metric: hi})]
-    return [Budget.of(**{metric: _three_digits(lo + (hi - lo) * i / (count - 1), up=i == 0)}) for i in range(count)]
+    if lo <= 0:  # no ratio from zero: even steps
+        values = [lo + (hi - lo) * i / (count - 1) for i in range(count)]
+    else:
+        values = [lo * (hi / lo) ** (i / (count - 1)) for i in range(count)]
+    return [Budget.of(**{metric: _three_digits(v, up=i == 0)}) for i, v in enumerate(values)]
 
 
 def _three_digits(value: float, up: bool) -> float:
