@@ -362,23 +362,30 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
                 store.put(target, k.signature, Measurement(ms, 0.0, 1))
             store.put(target, "overhead", Measurement(0.1, 0.0, 1))
         for a, m in zip(archs[:-1], measured):
-            store.put(device.target, subnet_key(a), Measurement(m, 0.0, 1))
+            store.put(device.subnet_target, subnet_key(a), Measurement(m, 0.0, 1))
     assert device.predictor().cache == CacheModel(device.cache_bytes)  # one SubNet missing: the OS's figure
     with device.open_store() as store:
-        store.put(device.target, subnet_key(archs[-1]), Measurement(measured[-1], 0.0, 1))
+        store.put(device.subnet_target, subnet_key(archs[-1]), Measurement(measured[-1], 0.0, 1))
     fitted = device.predictor().cache
     assert (fitted.cache_bytes, fitted.cold_share, fitted.stream_bytes) == (2**19, 0.6, 12 * 2**20)
     assert device.calibrate() == 0  # all measured: nothing to do
-    # SubNets measured later (a search's choices, verified) join the fit; another space's do not:
+    # SubNets measured later (a search's choices, verified) join the fit; another model's do not:
     # 25 SubNets whose kernels run at 1.1x inside a model outweigh the calibration's 20 at 0.9x.
     rng = random.Random(3)
     later = list({subnet_key(a): a for a in (resnet.space.complete(resnet.space.sample(rng)) for _ in range(25))}.values())
     slower = CacheAwarePredictor(cold, hot, costs, CacheModel(2**19, 0.6, 12 * 2**20, tau, 1.1))
     with device.open_store() as store:
         for a in later:
-            store.put(device.target, subnet_key(a), Measurement(slower.predict(a), 0.0, 1))
-        store.put(device.target, subnet_key({"no_such_variable": 1}), Measurement(1.0, 0.0, 1))
+            store.put(device.subnet_target, subnet_key(a), Measurement(slower.predict(a), 0.0, 1))
     assert len(later) == 25 and len(device.measured()) == 45
+    # A model with the same variables (a 100-class head) shares the LUT's kernels, not its SubNets.
+    other = device_setup(at.compile(torchvision.models.resnet18(num_classes=100), torch.zeros(1, 3, 64, 64)),
+                         tmp_path, "ort-cpu:threads=1", device_name="here")
+    assert other.plan.sn.space.variables == resnet.space.variables and other.target == device.target
+    assert other.subnet_target != device.subnet_target and other.measured() == {}
+    with other.open_store() as store:
+        store.put(other.subnet_target, subnet_key(later[0]), Measurement(9.0, 0.0, 1))
+    assert device.measured()[subnet_key(later[0])] == pytest.approx(slower.predict(later[0]))
     assert [subnet_arch(subnet_key(a)) for a in later] == later
     with pytest.raises(ValueError, match="is not a whole SubNet's LUT entry"):
         subnet_arch("overhead")
@@ -413,7 +420,7 @@ def test_one_table_backend_is_calibrated_for_kernels_inside_a_model(tmp_path, re
     assert isinstance(device.predictor(), LatencyPredictor)  # not calibrated: the kernels' sum
     with device.open_store() as store:
         for a, m in zip(archs, measured):
-            store.put(device.target, subnet_key(a), Measurement(m, 0.0, 1))
+            store.put(device.subnet_target, subnet_key(a), Measurement(m, 0.0, 1))
     predictor = device.predictor()
     assert predictor.cache.in_model_ratio == 0.84
     assert predictor.describe() == "kernels inside a model x0.84"
@@ -436,7 +443,7 @@ def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv
         assert device.calibrate() == len(archs) == 20
         assert device.calibrate() == 0  # stored in the LUT: a second run measures nothing
         with device.open_store() as store:
-            stored[lut_ms] = store.get(device.target, [subnet_key(a) for a in archs])
+            stored[lut_ms] = store.get(device.subnet_target, [subnet_key(a) for a in archs])
         assert len(stored[lut_ms]) == 20
     # Timings are scaled to the speed the LUT was measured at (by re-timing its largest kernels).
     ratios = [stored[2.0][k].median_ms / stored[1.0][k].median_ms for k in stored[1.0]]

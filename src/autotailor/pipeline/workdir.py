@@ -13,6 +13,7 @@ WORK/run.json           run                      which steps of `autotailor run`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -113,7 +114,10 @@ class DeviceSetup:
     cache sizes, is the largest budget tried, and the budget when no calibration was measured).
     Every backend is calibrated so: the fit also finds what a kernel costs inside a model
     relative to alone (``CacheModel.in_model_ratio``; NCNN's kernels alone are slower).
-    SubNets measured later (``measure``: a search's choices, verified) join the fit.
+    SubNets measured later (``measure``: a search's choices, verified) join the fit. Whole
+    SubNets are stored under ``subnet_target``, the target qualified by the model: kernels are
+    shared by every model profiled into one LUT, a SubNet's measurement only by its own model
+    (two SuperNets may have the same variable names).
     """
 
     spec: str
@@ -123,6 +127,7 @@ class DeviceSetup:
     target: Any
     hot_backend: Any = None
     hot_target: Any = None
+    subnet_target: Any = None
     cache_bytes: int = 0
     cache_fixed: bool = False  # set by the spec's cache_mb: no calibration
 
@@ -203,7 +208,7 @@ class DeviceSetup:
         from autotailor.predict.latency import subnet_key
 
         with self.open_store() as store:
-            lacking = set(store.missing(self.target, [subnet_key(a) for a in archs]))
+            lacking = set(store.missing(self.subnet_target, [subnet_key(a) for a in archs]))
         missing = list({subnet_key(a): a for a in archs if subnet_key(a) in lacking}.values())
         if not missing:
             return []
@@ -217,25 +222,16 @@ class DeviceSetup:
             timed = self.time_deployed(files, on_timed=progress)
         with self.open_store() as store:
             for arch, (m, _) in zip(missing, timed):
-                store.put(self.target, subnet_key(arch), m)
+                store.put(self.subnet_target, subnet_key(arch), m)
         return missing
 
     def measured(self) -> dict[str, float]:
-        """Every whole SubNet of this space measured on the target: ``subnet_key`` -> median ms."""
-        from autotailor.predict.latency import SUBNET_PREFIX, subnet_arch
+        """Every whole SubNet of this model measured on the target: ``subnet_key`` -> median ms."""
+        from autotailor.predict.latency import SUBNET_PREFIX
 
-        space = self.plan.sn.space
         with self.open_store() as store:
-            stored = store.with_prefix(self.target, SUBNET_PREFIX)
-        out = {}
-        for key, m in stored.items():
-            try:  # a LUT shared between work directories holds other spaces' SubNets too
-                arch = subnet_arch(key)
-                if isinstance(arch, dict) and space.complete(arch) == arch:
-                    out[key] = m.median_ms
-            except (ValueError, KeyError, TypeError, AutoTailorError):
-                continue
-        return out
+            stored = store.with_prefix(self.subnet_target, SUBNET_PREFIX)
+        return {key: m.median_ms for key, m in stored.items()}
 
     def predictor(self):
         """The latency predictor of this device (the LUTs must be complete: ``profile`` first)."""
@@ -270,9 +266,17 @@ def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None
     device = device_name or socket.gethostname()
     target = Target.of(device, name, **backend.settings)
     setup = DeviceSetup(spec, backend, plan, Path(lut or Path(work) / LUT), target,
+                        subnet_target=Target.of(device, name, **backend.settings, model=_model_id(plan)),
                         cache_bytes=int(float(cache) * 2**20) if cache is not None else cache_bytes(),
                         cache_fixed=cache is not None)
     if backend.flush_mb:
         setup.hot_backend = make_backend(name, **{**settings, "flush_mb": 0})
         setup.hot_target = Target.of(device, name, **setup.hot_backend.settings)
     return setup
+
+
+def _model_id(plan) -> str:
+    """A short digest of what a SuperNet computes: its variables, and the kernels of its whole
+    space (their shapes) for this backend."""
+    text = json.dumps([[repr(v) for v in plan.sn.space.variables], sorted(k.signature for k in plan.kernels)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
