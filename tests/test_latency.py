@@ -448,6 +448,22 @@ def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv
     # Timings are scaled to the speed the LUT was measured at (by re-timing its largest kernels).
     ratios = [stored[2.0][k].median_ms / stored[1.0][k].median_ms for k in stored[1.0]]
     assert 1.5 < statistics.median(ratios) < 2.6, ratios
+    # Timed again on request (a search's final choices): each then holds both timings.
+    assert device.measure(archs[:3] + archs[:1], again=True) == archs[:3]
+    with device.open_store() as store:
+        again = store.get(device.subnet_target, [subnet_key(a) for a in archs])
+    for k in stored[2.0]:
+        first = stored[2.0][k]
+        assert again[k].repeats == (2 * first.repeats if k in {subnet_key(a) for a in archs[:3]} else first.repeats)
+        assert 0.5 < again[k].median_ms / first.median_ms < 1.5
+
+
+def test_two_timings_of_a_subnet_pool_into_their_mean() -> None:
+    from autotailor.pipeline.workdir import pooled
+
+    two = pooled(Measurement(1.0, 0.02, 10, 5.0), Measurement(1.2, 0.01, 10, 9.0))
+    assert (two.median_ms, two.mad_ms, two.repeats, two.measured_at) == (pytest.approx(1.1), 0.02, 20, 9.0)
+    assert pooled(two, Measurement(1.4, 0.0, 10, 12.0)).median_ms == pytest.approx(1.2)  # each timing counts once
 
 
 class _ScriptedRuntime:

@@ -195,10 +195,11 @@ class DeviceSetup:
             out.append((Measurement(m.median_ms / slowness, m.mad_ms / slowness, m.repeats, m.measured_at), slowness))
         return out
 
-    def measure(self, archs: list[dict[str, Any]], on_subnet: Callable[[int, int], None] | None = None
-                ) -> list[dict[str, Any]]:
-        """Measure the whole SubNets ``archs`` (complete architectures) that the LUT lacks,
-        exported and run as deployed (``time_deployed``), and store them; the ones measured.
+    def measure(self, archs: list[dict[str, Any]], on_subnet: Callable[[int, int], None] | None = None,
+                again: bool = False) -> list[dict[str, Any]]:
+        """Measure the whole SubNets ``archs`` (complete architectures) that the LUT lacks (with
+        ``again``, all of them: a stored measurement becomes the mean of its timings), exported
+        and run as deployed (``time_deployed``), and store them; the ones measured.
         Every stored SubNet of this space takes part in the ``CacheModel`` fit of ``predictor``.
 
         The timings are at the LUT's machine speed: a VM's speed drifts by tens of percent for
@@ -207,9 +208,10 @@ class DeviceSetup:
 
         from autotailor.predict.latency import subnet_key
 
+        unique = {subnet_key(a): a for a in archs}
         with self.open_store() as store:
-            lacking = set(store.missing(self.subnet_target, [subnet_key(a) for a in archs]))
-        missing = list({subnet_key(a): a for a in archs if subnet_key(a) in lacking}.values())
+            stored = store.get(self.subnet_target, list(unique))
+        missing = [a for k, a in unique.items() if again or k not in stored]
         if not missing:
             return []
         with tempfile.TemporaryDirectory() as tmp:
@@ -222,7 +224,8 @@ class DeviceSetup:
             timed = self.time_deployed(files, on_timed=progress)
         with self.open_store() as store:
             for arch, (m, _) in zip(missing, timed):
-                store.put(self.subnet_target, subnet_key(arch), m)
+                old = stored.get(subnet_key(arch))
+                store.put(self.subnet_target, subnet_key(arch), m if old is None else pooled(old, m))
         return missing
 
     def measured(self) -> dict[str, float]:
@@ -251,6 +254,16 @@ class DeviceSetup:
             model = fit_cache_model(cold, hot, costs, [subnet_arch(k) for k in measured], list(measured.values()),
                                     self.cache_bytes)
         return CacheAwarePredictor(cold, hot, costs, model)
+
+
+def pooled(old, new):
+    """One ``Measurement`` of two timings of the same SubNet: their medians averaged, weighted
+    by their repeats (so a third timing counts as much as each of the first two)."""
+    from autotailor.predict.latency import Measurement
+
+    n = old.repeats + new.repeats
+    return Measurement((old.median_ms * old.repeats + new.median_ms * new.repeats) / n,
+                       max(old.mad_ms, new.mad_ms), n, new.measured_at)
 
 
 def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None, lut: str | Path | None = None,
