@@ -13,6 +13,7 @@ WORK/run.json           run                      which steps of `autotailor run`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -127,9 +128,19 @@ class DeviceSetup:
     target: Any
     hot_backend: Any = None
     hot_target: Any = None
-    subnet_target: Any = None
     cache_bytes: int = 0
     cache_fixed: bool = False  # set by the spec's cache_mb: no calibration
+
+    @functools.cached_property
+    def subnet_target(self):
+        """Where whole SubNets are stored: ``target`` qualified by a digest of what the SuperNet
+        computes (its variables, and the kernels of its whole space for this backend)."""
+        from autotailor.predict.latency import Target
+
+        text = json.dumps([[repr(v) for v in self.plan.sn.space.variables],
+                           sorted(k.signature for k in self.plan.kernels)])
+        model = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return Target.of(self.target.device, self.target.backend, **dict(self.target.settings), model=model)
 
     def open_store(self):
         from autotailor.predict.latency import LutStore
@@ -279,17 +290,9 @@ def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None
     device = device_name or socket.gethostname()
     target = Target.of(device, name, **backend.settings)
     setup = DeviceSetup(spec, backend, plan, Path(lut or Path(work) / LUT), target,
-                        subnet_target=Target.of(device, name, **backend.settings, model=_model_id(plan)),
                         cache_bytes=int(float(cache) * 2**20) if cache is not None else cache_bytes(),
                         cache_fixed=cache is not None)
     if backend.flush_mb:
         setup.hot_backend = make_backend(name, **{**settings, "flush_mb": 0})
         setup.hot_target = Target.of(device, name, **setup.hot_backend.settings)
     return setup
-
-
-def _model_id(plan) -> str:
-    """A short digest of what a SuperNet computes: its variables, and the kernels of its whole
-    space (their shapes) for this backend."""
-    text = json.dumps([[repr(v) for v in plan.sn.space.variables], sorted(k.signature for k in plan.kernels)])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
