@@ -11,16 +11,21 @@ reuses; on an otherwise idle machine, since it times models)::
 Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
 
 1. ``autotailor profile`` builds the latency LUT (timed);
-2. ``autotailor search --verify 3`` for ``--budgets`` latency budgets spanning the space (a
-   fixed ratio apart): each round's chosen SubNets are measured and join the latency predictor's fit, and
-   the budgets are searched again (the searches and the whole step timed);
+2. ``autotailor search --verify 3 --finalists 4`` for ``--budgets`` latency budgets spanning
+   the space (a fixed ratio apart): each round's chosen SubNets are measured and join the
+   latency predictor's fit, and the budgets are searched again (the searches and the whole
+   step timed); each budget's 4 best-predicted SubNets are measured for accuracy on a sample
+   of ``--finalist-images`` test images (seed 1), the most accurate chosen;
 3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
    as the search's verification measures (median of repeats, in two passes in opposite orders,
    the faster kept; divided by the machine's slowness relative to the LUT's build, measured
-   side by side) and its accuracy measured on the validation subset of accuracy_predictor.py;
+   side by side) and its accuracy measured on the test images the finalists did not see
+   (held out: the choice among finalists is not judged on the images it was made on), and on
+   all of them (accuracy_predictor.py's validation set);
 4. the same latency measurement for that benchmark's pool of random SubNets, whose accuracy
-   is known: the chosen front must beat the pool (no random SubNet more accurate than every
-   chosen SubNet at or below its measured latency by more than 0.5 points).
+   on all test images is known: the chosen front must beat the pool (no random SubNet more
+   accurate than every chosen SubNet at or below its measured latency by more than 0.5
+   points, the chosen SubNets' accuracy held out).
 
 Demo part: a clean clone of this repository, ``make install`` and ``make demo``, each timed,
 and the report the demo wrote. Results: ``benchmarks/results/end_to_end.{json,md}``.
@@ -47,6 +52,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 BIN = Path(sys.executable).parent
 DEVICE = "ort-cpu:threads=1"
+FINALIST_SEED = 1  # the finalists' test sample; accuracy_predictor.py's calibration batches are seed 0's
 sys.path.insert(0, str(HERE))  # cifar_models, for SuperNets compiled from it
 
 
@@ -76,6 +82,18 @@ def measure_latencies(sn, work: Path, archs: list[dict], calibration) -> list[di
     return [{"ms": m.median_ms, "raw_ms": m.median_ms * slowness, "slowness": slowness} for m, slowness in timed]
 
 
+def held_out_batches(spec: str, resolution: int, finalist_images: int) -> list:
+    """The test images outside the finalists' sample (``EvalData``'s sample of ``finalist_images``
+    under ``FINALIST_SEED``: the first ones of the same permutation), as evaluation batches."""
+    import numpy as np
+
+    from autotailor.data import BatchLoader, load_data
+
+    _, val = load_data(spec)
+    rest = np.random.default_rng(FINALIST_SEED).permutation(len(val))[finalist_images:]
+    return list(BatchLoader(val.subset(np.sort(rest)), 128, train=False, resolution=resolution))
+
+
 def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     import numpy as np
 
@@ -92,8 +110,8 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     ap = Path(args.accuracy_work)
     ap_state = json.loads((ap / "state.json").read_text())
     shutil.copy2(ap / name / "sensitivity.json", work / "sensitivity.json")
-    for lut in work.glob("latency.sqlite*"):  # the LUT is built from scratch: its time is reported
-        lut.unlink()
+    for old in [*work.glob("latency.sqlite*"), work / "finalists.json"]:  # built from scratch: their time is reported
+        old.unlink(missing_ok=True)
     ap_results = ap_state[name]["results"]  # the same validation subset and calibration
     settings = EvalSettings(ap_results["validation_images"], ap_results["calibration_batches"], 128, 0)
 
@@ -101,7 +119,11 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     cli("profile", str(work), "--device", DEVICE, "--quiet")
     profile_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    cli("search", str(work), "--device", DEVICE, "--budgets", str(args.budgets), "--verify", str(args.verify))
+    search_args = ["--budgets", str(args.budgets), "--verify", str(args.verify)]
+    if args.finalists:
+        search_args += ["--finalists", str(args.finalists), "--data", args.data,
+                        "--validation-images", str(args.finalist_images), "--validation-seed", str(FINALIST_SEED)]
+    cli("search", str(work), "--device", DEVICE, *search_args)
     search_step_seconds = time.perf_counter() - started
     found = json.loads((work / "search.json").read_text())
     sn = at.load(work / "supernet.pt")
@@ -115,13 +137,16 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     # Chosen and random SubNets timed in one interleaved session, so drift hits both alike.
     measured = measure_latencies(sn, work, archs + pool, data.calibration)
     chosen_lat, pool_lat = [m["ms"] for m in measured[: len(archs)]], [m["ms"] for m in measured[len(archs):]]
-    chosen_acc = [evaluate(sn, a, data.val, data.calibration) for a in archs]
+    held_out = held_out_batches(args.data, sn.example_shape[-1], args.finalist_images) if args.finalists else data.val
+    chosen_acc = [evaluate(sn, a, held_out, data.calibration) for a in archs]
     rows = []
-    for c, m, acc in zip(chosen, measured, chosen_acc):
+    for c, m, acc, arch in zip(chosen, measured, chosen_acc, archs):
         rows.append({"budget_ms": c["limits"]["latency_ms"], "predicted_ms": c["metrics"]["latency_ms"],
                      "measured_ms": m["ms"], "raw_ms": m["raw_ms"], "slowness": m["slowness"],
                      "verified_ms": c.get("measured_latency_ms"),
-                     "predicted_accuracy": c["accuracy"], "measured_accuracy": acc,
+                     "predicted_accuracy": c["accuracy"], "finalist_accuracy": c.get("measured_accuracy"),
+                     "measured_accuracy": acc,
+                     "all_images_accuracy": evaluate(sn, arch, data.val, data.calibration) if args.finalists else acc,
                      "within_budget_5pct": m["ms"] <= 1.05 * c["limits"]["latency_ms"]})
     beaten = []
     for lat, acc in zip(pool_lat, pool_acc):
@@ -134,7 +159,9 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
             "predictions": found["predictions"], "rows": rows,
             "within_budget_5pct": sum(r["within_budget_5pct"] for r in rows),
             "pool": len(pool), "pool_beating_front": beaten,
-            "validation_images": data.images,
+            "validation_images": data.images, "finalists": args.finalists,
+            "finalist_images": args.finalist_images if args.finalists else 0,
+            "held_out_images": sum(len(y) for _, y in held_out),
             "pool_latency_ms": {"min": float(np.min(pool_lat)), "max": float(np.max(pool_lat))}}
 
 
@@ -177,14 +204,22 @@ def report(data: dict) -> str:
                   f"{sum(x['raw_ms'] <= 1.05 * x['budget_ms'] for x in rows)} of {len(rows)} are within +5 %.",
                   f"- Random SubNets ({r['pool']}, measured {r['pool_latency_ms']['min']:.2f}-"
                   f"{r['pool_latency_ms']['max']:.2f} ms) more accurate by > 0.5 points than every chosen SubNet "
-                  f"at or below their latency: {len(r['pool_beating_front'])}.", "",
+                  f"at or below their latency: {len(r['pool_beating_front'])}.",
+                  (f"- Finalists: each budget's {r['finalists']} best-predicted SubNets measured on "
+                   f"{r['finalist_images']} test images, the most accurate chosen; chosen SubNets judged on the "
+                   f"other {r['held_out_images']} (held out), random ones on all {r['validation_images']}."
+                   if r.get("finalists") else "- Choices by prediction alone (no finalists)."), "",
                   "| budget (ms) | predicted (ms) | measured in the search's verification (ms) | measured here (ms) "
-                  "| as timed (ms) | predicted acc. | measured acc. |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| as timed (ms) | predicted acc. | finalists' acc. | measured acc. (held out) | all images |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+
+        def pct(v) -> str:
+            return "-" if v is None else f"{100 * v:.2f} %"
         lines += [f"| {x['budget_ms']:.3g} | {x['predicted_ms']:.3f} | "
                   + (f"{x['verified_ms']:.3f}" if x.get("verified_ms") is not None else "-")
-                  + f" | {x['measured_ms']:.3f} | {x['raw_ms']:.3f} | "
-                  f"{100 * x['predicted_accuracy']:.2f} % | {100 * x['measured_accuracy']:.2f} % |" for x in rows]
+                  + f" | {x['measured_ms']:.3f} | {x['raw_ms']:.3f} | {pct(x['predicted_accuracy'])} | "
+                  f"{pct(x.get('finalist_accuracy'))} | {pct(x['measured_accuracy'])} | "
+                  f"{pct(x.get('all_images_accuracy', x['measured_accuracy']))} |" for x in rows]
         lines.append("")
     demo = data.get("demo")
     if demo:
@@ -207,6 +242,8 @@ def main() -> int:
     p.add_argument("--budgets", type=int, default=40)
     p.add_argument("--verify", type=int, default=3, help="search's verify rounds")
     p.add_argument("--pool", type=int, default=500, help="random SubNets of the accuracy pool to time")
+    p.add_argument("--finalists", type=int, default=4, help="search's finalists per budget (0: choose by prediction)")
+    p.add_argument("--finalist-images", type=int, default=2000, help="test images the finalists are measured on")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()

@@ -138,6 +138,25 @@ def _step_settings(cls, sn, section: str, args: argparse.Namespace, flags: dict[
     return merge_settings(cls, section, *tables, {k: v for k, v in flags.items() if v is not None})
 
 
+def _validation_data(sn, args: argparse.Namespace, flags: dict[str, object]):
+    """The data SubNets are evaluated on after the sensitivity step (``EvalData``, or None when
+    no data is known): ``--data``, else the sensitivity table's; the table's validation subset
+    and calibration (else the ``[sensitivity]`` tables'), then ``flags``."""
+    from autotailor.pipeline.workdir import SENSITIVITY, EvalSettings, eval_data
+    from autotailor.settings import merge_settings
+
+    path = Path(args.work) / SENSITIVITY
+    info = json.loads(path.read_text()).get("info", {}) if path.is_file() else {}
+    spec = args.data or info.get("data")
+    if not spec:
+        return None
+    measured = {k: info[k] for k in ("validation_images", "calibration_batches", "seed") if k in info}
+    base = _step_settings(EvalSettings, sn, "sensitivity", args, {})
+    settings = merge_settings(EvalSettings, "sensitivity", vars(base) | measured,
+                              {k: v for k, v in flags.items() if v is not None})
+    return eval_data(spec, sn.example_shape[-1], settings)
+
+
 def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
     """``train`` (the largest SubNet alone) and ``tune`` (sampled SubNets), with a progress bar."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -327,6 +346,7 @@ def _floats(text: str | None, scale: float = 1.0) -> tuple[float, ...] | None:
 def cmd_search(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from autotailor.pipeline.finalists import Finalists
     from autotailor.pipeline.selection import SearchSettings, objectives_for, run_search
     from autotailor.pipeline.workdir import device_setup
 
@@ -335,7 +355,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         "latency_ms": _floats(args.latency_ms), "macs": _floats(args.macs_m, 1e6),
         "params": _floats(args.params_m, 1e6), "memory_bytes": _floats(args.memory_mb, 2.0**20),
         "budgets": args.budgets, "axis": args.axis, "generations": args.generations,
-        "population": args.population, "seed": args.seed, "verify": args.verify})
+        "population": args.population, "seed": args.seed, "verify": args.verify, "finalists": args.finalists})
     constrains_latency = bool(settings.latency_ms) or (not settings.limits() and settings.axis == "latency_ms")
     device = None
     if args.device != "none":
@@ -350,12 +370,22 @@ def cmd_search(args: argparse.Namespace) -> int:
     objectives = objectives_for(sn, args.work, device)
     if settings.verify and device is None:
         raise AutoTailorError("verify measures the chosen SubNets on a device: give --device (profiled first)")
-    columns = (TextColumn("verify (chosen SubNets measured)"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    finalists = None
+    if settings.finalists:
+        data = _validation_data(sn, args, {"validation_images": args.validation_images, "seed": args.validation_seed})
+        if data is None:
+            raise AutoTailorError(f"finalists = {settings.finalists} measures SubNets' accuracy: give --data SPEC "
+                                  "(by default the data of `autotailor sensitivity`)")
+        finalists = Finalists.open(sn, args.work, data, settings.finalists)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
-    with Progress(*columns, disable=not settings.verify or args.json) as progress:
-        task = progress.add_task("verify", total=None)
+    with Progress(*columns, disable=not (settings.verify or finalists) or args.json) as progress:
+        timed = progress.add_task("verify (chosen SubNets timed)", total=None, visible=bool(settings.verify))
+        tested = progress.add_task("finalists (accuracy measured)", total=None, visible=finalists is not None)
         result = run_search(sn, args.work, device, settings, objectives,
-                            on_subnet=lambda done, total: progress.update(task, completed=done, total=total))
+                            on_subnet=lambda done, total: progress.update(timed, completed=done, total=total),
+                            finalists=finalists,
+                            on_finalist=lambda done, total: progress.update(tested, completed=done, total=total))
     text = Path(args.work, "search.json").read_text()
     found = json.loads(text)
     met = [c for c in found["choices"] if c["arch"] is not None]
@@ -372,14 +402,16 @@ def cmd_search(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{m} {v:.4g}" for m, v in c["metrics"].items() if m in ("latency_ms", "macs", "params"))
         if c.get("measured_latency_ms") is not None:
             shown += f" (measured {c['measured_latency_ms']:.4g} ms)"
-        print(f"  {c['budget']}: predicted accuracy {100 * c['accuracy']:.2f} %, {shown}")
+        measured = c.get("measured_accuracy")
+        print(f"  {c['budget']}: predicted accuracy {100 * c['accuracy']:.2f} %"
+              + (f" (measured {100 * measured:.2f} %)" if measured is not None else "") + f", {shown}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from autotailor.pipeline.deployment import ExportSettings, check_formats, export_choices
     from autotailor.pipeline.selection import pick, read_search
-    from autotailor.pipeline.workdir import SENSITIVITY, EvalSettings, device_setup, eval_data
+    from autotailor.pipeline.workdir import device_setup
 
     sn = _load_work(args.work)
     settings = _step_settings(ExportSettings, sn, "export", args, {
@@ -387,12 +419,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_formats(settings.formats)
     found = read_search(args.work)
     chosen = pick(found, settings.pick)
-    data_spec = args.data
-    if data_spec is None and (Path(args.work) / SENSITIVITY).is_file():
-        data_spec = json.loads((Path(args.work) / SENSITIVITY).read_text())["info"].get("data")
-    data = None
-    if data_spec:
-        data = eval_data(data_spec, sn.example_shape[-1], _step_settings(EvalSettings, sn, "sensitivity", args, {}))
+    data = _validation_data(sn, args, {})
     device_spec = args.device or found.get("device")
     device = device_setup(sn, args.work, device_spec, args.device_name) if device_spec and device_spec != "none" else None
 
@@ -542,6 +569,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--verify", type=int, help="rounds of measuring the chosen SubNets on the device, refitting "
                    "the latency predictor to them and searching again (default 0)")
+    p.add_argument("--finalists", type=int, help="measure the accuracy of each budget's N best-predicted SubNets "
+                   "and choose the most accurate (default 0: choose by prediction)")
+    p.add_argument("--data", help="data for --finalists (default: the sensitivity table's)")
+    p.add_argument("--validation-images", type=int,
+                   help="validation images for --finalists (default: the sensitivity table's)")
+    p.add_argument("--validation-seed", type=int, help="seed of that sample (default: the sensitivity table's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_search)
 

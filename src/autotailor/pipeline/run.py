@@ -16,6 +16,7 @@ says what to run on, and optional tables per step (``[train]``, ``[tune]``, ``[s
     [search]
     budgets = 10                     # or latency_ms = [2, 4, 8]
     verify = 2                       # measure the chosen SubNets, refit, search again (rounds)
+    finalists = 4                    # measure each budget's 4 best-predicted SubNets' accuracy
     [export]
     formats = ["onnx"]
 
@@ -57,6 +58,7 @@ calibration_batches = 4
 [search]
 budgets = 8
 verify = 2
+finalists = 4
 [export]
 formats = ["onnx"]
 """
@@ -107,7 +109,7 @@ def plan_run(config: str | Path, work: str | Path | None = None) -> RunPlan:
         ("tune", ["tune", w, "--data", data_spec, *cfg, "--quiet"]),
         ("profile", ["profile", w, "--device", device, "--quiet"]),
         ("sensitivity", ["sensitivity", w, "--data", data_spec, *cfg, "--quiet"]),
-        ("search", ["search", w, "--device", device, *cfg]),
+        ("search", ["search", w, "--device", device, "--data", data_spec, *cfg]),
         ("export", ["export", w, "--data", data_spec, "--device", device, *cfg]),
         ("report", ["report", w]),
     ]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotailor.errors import AutoTailorError
+from autotailor.pipeline.finalists import Finalists
 from autotailor.pipeline.workdir import SEARCH, SENSITIVITY, DeviceSetup, read_json, write_json
 from autotailor.search import (METRICS, Budget, Choice, EvolutionSettings, Objectives, SearchError, SearchResult,
                                search)
@@ -35,6 +36,7 @@ class SearchSettings:
     beam_width: int = 4
     seed: int = 0
     verify: int = 0  # rounds of measuring the chosen SubNets on the device and searching again
+    finalists: int = 0  # each budget's this many best-predicted SubNets measured for accuracy, the best chosen
 
     def evolution(self) -> EvolutionSettings:
         return EvolutionSettings(population=self.population, generations=self.generations,
@@ -138,9 +140,12 @@ def zip_budgets(limits: dict[str, Sequence[float]]) -> list[Budget]:
     return [Budget.of(**{m: (v[0] if len(v) == 1 else v[i]) for m, v in limits.items()}) for i in range(n)]
 
 
-def _choice_dict(choice: Choice, space, measured: dict[str, float] | None) -> dict[str, Any]:
+def _choice_dict(choice: Choice, space, measured: dict[str, float] | None,
+                 finalists: Finalists | None) -> dict[str, Any]:
     out = {"budget": choice.budget.name, "limits": choice.budget.as_dict(), "arch": choice.arch,
            "accuracy": choice.accuracy, "metrics": choice.metrics, "seconds": round(choice.seconds, 4)}
+    if finalists is not None and choice.arch is not None:
+        out["measured_accuracy"] = finalists.accuracy(choice.arch)
     if measured is not None and choice.arch is not None:
         from autotailor.predict.latency import subnet_key
 
@@ -150,7 +155,8 @@ def _choice_dict(choice: Choice, space, measured: dict[str, float] | None) -> di
 
 def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: SearchSettings,
                objectives: Objectives | None = None, on_budget: Callable[[int, Choice], None] | None = None,
-               on_subnet: Callable[[int, int], None] | None = None) -> SearchResult:
+               on_subnet: Callable[[int, int], None] | None = None, finalists: Finalists | None = None,
+               on_finalist: Callable[[int, int], None] | None = None) -> SearchResult:
     """Search every budget of ``settings`` and write ``WORK/search.json``.
 
     ``settings.verify`` > 0 (with a device): the chosen SubNets are measured on the device
@@ -162,10 +168,18 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
     both timings), and one then over its budget gives way to the most accurate measured
     SubNet within it. The random SubNets that calibrate the
     predictor rarely look like a front's (the smallest, the most compute-dense for their
-    weights): the front's own measurements correct the fit where the search looks."""
+    weights): the front's own measurements correct the fit where the search looks.
+
+    With ``finalists`` (made for ``settings.finalists`` > 0), after each search each budget's
+    choice is the most accurate as measured of its best-predicted SubNets (``Finalists.choose``)."""
     objectives = objectives or objectives_for(sn, work, device)
     evolution, verify = settings.evolution(), settings.verify if device is not None else 0
-    result = search(sn.space, objectives, settings.budget_list(objectives), evolution, on_budget)
+
+    def searched(objectives: Objectives) -> SearchResult:
+        result = search(sn.space, objectives, settings.budget_list(objectives), evolution, on_budget)
+        return finalists.choose(result, objectives, on_finalist) if finalists else result
+
+    result = searched(objectives)
     seconds, predictions, rounds = result.seconds, result.predictions, 0
     while verify:
         chosen = [sn.space.complete(c.arch) for c in result.choices if c.arch is not None]
@@ -175,7 +189,7 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
             break
         rounds += 1
         objectives = objectives_for(sn, work, device)
-        result = search(sn.space, objectives, settings.budget_list(objectives), evolution, on_budget)
+        result = searched(objectives)
         seconds, predictions = seconds + result.seconds, predictions + result.predictions
     if verify:
         # A choice kept for measuring within its budget timed, on average, on the fast side of
@@ -188,7 +202,8 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         # The last round's new choices were measured but not searched again, and every choice
         # was timed once more: one over its budget gives way to the best measured SubNet within it.
         objectives = objectives_for(sn, work, device)
-        result = dataclasses.replace(result, choices=[_within_measured(c, objectives, measured) for c in result.choices])
+        result = dataclasses.replace(result, choices=[_within_measured(c, objectives, measured, finalists)
+                                                      for c in result.choices])
     result = dataclasses.replace(result, seconds=seconds, predictions=predictions)
     write_json(Path(work) / SEARCH, {
         "device": device.spec if device else None,
@@ -200,15 +215,18 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         "predictions": result.predictions,
         "verify_rounds": rounds,
         "beam_size": result.beam_size,
-        "choices": [_choice_dict(c, sn.space, measured) for c in result.choices],
+        "finalists": finalists.count if finalists else 0,
+        "choices": [_choice_dict(c, sn.space, measured, finalists) for c in result.choices],
         "front": [{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
     })
     return result
 
 
-def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str, float]) -> Choice:
-    """``choice``, or if it measured over its budget the most accurate (predicted) SubNet among
-    the measured ones that meet the budget (``choice`` unchanged when none does)."""
+def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str, float],
+                     finalists: Finalists | None) -> Choice:
+    """``choice``, or if it measured over its budget the most accurate SubNet among the measured
+    ones that meet the budget (``choice`` unchanged when none does): the most accurate as
+    measured among the finalists measured, else as predicted."""
     from autotailor.predict.latency import subnet_arch
 
     if choice.arch is None or objectives.feasible(objectives.space.complete(choice.arch), choice.budget):
@@ -216,7 +234,10 @@ def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str,
     fits = [a for a in map(subnet_arch, measured) if objectives.feasible(a, choice.budget)]
     if not fits:
         return choice
-    best = max(fits, key=objectives.accuracy)
+    if finalists is not None and any(finalists.accuracy(a) is not None for a in fits):
+        best = max((a for a in fits if finalists.accuracy(a) is not None), key=finalists.accuracy)
+    else:
+        best = max(fits, key=objectives.accuracy)
     log.info("%s: the choice measured %.3g ms, over the budget; the best measured SubNet within it replaces it",
              choice.budget.name, objectives.metric("latency_ms", objectives.space.complete(choice.arch)))
     return dataclasses.replace(choice, arch=best, accuracy=objectives.accuracy(best),

@@ -10,6 +10,7 @@ and the rest by crossovers of two parents; candidates over the budget are reject
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -123,19 +124,23 @@ def _crossover(space: Space, a: Arch, b: Arch, rng: random.Random) -> Arch:
     return {v.name: (a if rng.random() < 0.5 else b)[v.name] for v in space.variables}
 
 
+def rank(objectives: Objectives, budget: Budget, arch: Arch) -> tuple[float, float]:
+    """Sort key of SubNets under ``budget``, best last: predicted accuracy, then at equal
+    accuracy the cheaper SubNet (relative to the budget's limits)."""
+    return objectives.accuracy(arch), -sum(objectives.metric(m, arch) / (v or 1.0) for m, v in budget.limits)
+
+
 def evolve(space: Space, objectives: Objectives, budget: Budget, seeds: Sequence[Arch],
            settings: EvolutionSettings, rng: random.Random) -> Choice:
     """Once-for-All's evolution under ``budget``, its population started from ``seeds``."""
     started = time.perf_counter()
 
-    def rank(arch: Arch) -> tuple[float, float]:
-        # Equal predicted accuracy: the cheaper SubNet (relative to the budget's limits) wins.
-        return objectives.accuracy(arch), -sum(objectives.metric(m, arch) / (v or 1.0) for m, v in budget.limits)
+    rank_ = functools.partial(rank, objectives, budget)
 
     population = [a for a in seeds if objectives.feasible(a, budget)]
     if not population:
         return Choice(budget, None, None, {}, time.perf_counter() - started)
-    population.sort(key=rank, reverse=True)
+    population.sort(key=rank_, reverse=True)
     population = population[: settings.population]
     n_parents = max(2, round(settings.parents * settings.population))
     n_mutations = round(settings.mutation_share * settings.population)
@@ -155,13 +160,13 @@ def evolve(space: Space, objectives: Objectives, budget: Budget, seeds: Sequence
     # Fill a small seed population up to its size by mutation before evolving.
     population += children(lambda: _mutate(space, rng.choice(population), settings.mutation_prob, rng),
                            settings.population - len(population))
-    best = max(population, key=rank)
+    best = max(population, key=rank_)
     for _ in range(settings.generations):
-        parents = sorted(population, key=rank, reverse=True)[:n_parents]
+        parents = sorted(population, key=rank_, reverse=True)[:n_parents]
         mutated = children(lambda p=parents: _mutate(space, rng.choice(p), settings.mutation_prob, rng), n_mutations)
         crossed = children(lambda p=parents: _crossover(space, rng.choice(p), rng.choice(p), rng), n_crossovers)
         population = parents + mutated + crossed
-        best = max([best, *population], key=rank)
+        best = max([best, *population], key=rank_)
     metrics = {m: objectives.metric(m, best) for m in objectives.metrics}
     return Choice(budget, best, objectives.accuracy(best), metrics, time.perf_counter() - started)
 

@@ -144,6 +144,13 @@ class Space:
                 out.update(stage.droppable[len(stage.droppable) + d:])
         return out
 
+    def canonical(self, arch: Arch) -> Arch:
+        """``arch`` completed, with the variables of the blocks it drops at their largest choice:
+        two archs that differ only there are the same SubNet and have the same canonical form."""
+        full = self.complete(arch)
+        dropped = self.dropped_blocks(full)
+        return {v.name: v.largest if v.block in dropped else full[v.name] for v in self.variables}
+
     def describe(self) -> list[dict[str, Any]]:
         return [
             {"name": v.name, "kind": v.kind, "choices": list(v.choices), "targets": list(v.targets)}
