@@ -208,7 +208,7 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
     over = Choice(Budget.of(latency_ms=limit), slowest["arch"], None, {}, 0.0)
     fits = [subnet_arch(k) for k, ms in measured.items() if ms <= limit]
     assert fits  # the calibration's lightest SubNets at least
-    replaced = _within_measured(over, objectives, measured)
+    replaced = _within_measured(over, objectives, measured, None)
     assert replaced.arch == max(fits, key=objectives.accuracy) and replaced.metrics["latency_ms"] <= limit
     assert replaced.accuracy == objectives.accuracy(replaced.arch)
     assert main(["report", work]) == 0  # the report shows each choice's measured latency
@@ -220,3 +220,38 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
         f"{first['measured_latency_ms']:.3g} ms")
     assert main(["search", work, "--budgets", "3", "--device", "none", "--axis", "macs", "--verify", "1"]) == 2
     assert "verify measures the chosen SubNets on a device: give --device" in capsys.readouterr().err
+
+
+def test_search_finalists_choose_the_most_accurate_measured_subnet(run_dir, capsys) -> None:
+    from autotailor.pipeline.finalists import Finalists
+    from autotailor.tune import evaluate
+
+    work = str(run_dir)
+    assert main(["search", work, "--macs-m", "20,60", "--device", "none", "--finalists", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert result["finalists"] == 3
+    sn = at.load(run_dir / "supernet.pt")
+    # by default, the sensitivity table's validation subset and calibration
+    data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
+    stored = json.loads((run_dir / "finalists.json").read_text())
+    assert stored["info"] == data.describe()
+    measured = list(stored["subnets"].values())
+    objectives = objectives_for(sn, work, None)
+    chosen = [c for c in result["choices"] if c["arch"] is not None]
+    assert len(chosen) == 2
+    for c in chosen:
+        arch = sn.space.complete(c["arch"])
+        assert c["measured_accuracy"] == pytest.approx(evaluate(sn, arch, data.val, data.calibration))
+        assert objectives.metric("macs", arch) <= c["limits"]["macs"]
+        within = [m["accuracy"] for m in measured if objectives.metric("macs", m["arch"]) <= c["limits"]["macs"]]
+        assert len(within) >= 3 and c["measured_accuracy"] == max(within)
+    # measured once: a later search reuses the measurements; other data starts afresh
+    finalists = Finalists.open(sn, work, data, 3)
+    assert finalists.measure([c["arch"] for c in chosen]) == 0 and len(finalists.measured) == len(measured)
+    other = eval_data("digits", 32, EvalSettings(validation_images=32, calibration_batches=1, batch_size=32))
+    assert Finalists.open(sn, work, other, 3).measured == {}
+    assert main(["report", work]) == 0  # the report shows each choice's measured accuracy
+    report = (run_dir / "report.md").read_text()
+    assert "Each budget's 3 best-predicted SubNets were measured for accuracy" in report
+    row = report.split(f"| {chosen[0]['budget']} |")[1].split("\n")[0].split("|")
+    assert row[1].strip() == f"{100 * chosen[0]['measured_accuracy']:.2f} %"

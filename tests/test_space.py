@@ -64,12 +64,14 @@ def test_size_counts_exactly_the_distinct_subnets() -> None:
     variables = sn.space.variables
     kinds = sorted({v.kind for v in variables})
     assert kinds == ["depth", "resolution", "width"]
-    seen = set()
+    seen, canonical = set(), {}
     for values in itertools.product(*(v.choices for v in variables)):
         arch = dict(zip((v.name for v in variables), values))
-        net = sn.extract(arch)
-        seen.add(_signature(net, arch["resolution"]))
-    assert sn.space.size == len(seen)
+        signature = _signature(sn.extract(arch), arch["resolution"])
+        seen.add(signature)
+        # archs with one canonical form are one network, and there are as many forms as networks
+        assert canonical.setdefault(json.dumps(sn.space.canonical(arch), sort_keys=True), signature) == signature
+    assert sn.space.size == len(seen) == len(canonical)
     product = 1
     for v in variables:
         product *= len(v.choices)

@@ -574,7 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data for --finalists (default: the sensitivity table's)")
     p.add_argument("--validation-images", type=int,
                    help="validation images for --finalists (default: the sensitivity table's)")
-    p.add_argument("--validation-seed", type=int, help="seed of that sample (default: the sensitivity table's)")
+    p.add_argument("--validation-seed", type=int,
+                   help="seed of that sample and of the calibration batches (default: the sensitivity table's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_search)
 
