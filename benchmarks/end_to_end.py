@@ -239,7 +239,8 @@ def report(data: dict) -> str:
                    f"{r['validation_images']} and on the finalists' sample)."
                    if r.get("finalists") else "- Choices by prediction alone (no finalists)."), "",
                   "| budget (ms) | predicted (ms) | measured in the search's verification (ms) | measured here (ms) "
-                  "| as timed (ms) | predicted acc. | finalists' acc. | measured acc. (held out) | all images |",
+                  "| as timed (ms) | predicted acc. | finalists' acc. | measured acc. ("
+                  + ("held out" if r.get("finalists") else "all images") + ") | all images |",
                   "|---|---|---|---|---|---|---|---|---|"]
 
         def pct(v) -> str:
