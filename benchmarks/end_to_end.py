@@ -19,9 +19,9 @@ Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
 3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
    as the search's verification measures (median of repeats, in two passes in opposite orders,
    the faster kept; divided by the machine's slowness relative to the LUT's build, measured
-   side by side) and its accuracy measured on the test images the finalists did not see
-   (held out: the choice among finalists is not judged on the images it was made on), and on
-   all of them (accuracy_predictor.py's validation set);
+   side by side) and its accuracy on all test images (accuracy_predictor.py's validation set)
+   and on the finalists' sample, which give its accuracy on the test images the finalists did
+   not see (held out: the choice among finalists is not judged on the images it was made on);
 4. the same latency measurement for that benchmark's pool of random SubNets, and their
    accuracy on the same held-out images (from their accuracy on all test images, known, and
    on the finalists' sample, measured): the chosen front must beat the pool (no random SubNet
@@ -83,18 +83,6 @@ def measure_latencies(sn, work: Path, archs: list[dict], calibration) -> list[di
     return [{"ms": m.median_ms, "raw_ms": m.median_ms * slowness, "slowness": slowness} for m, slowness in timed]
 
 
-def held_out_batches(spec: str, resolution: int, finalist_images: int) -> list:
-    """The test images outside the finalists' sample (``EvalData``'s sample of ``finalist_images``
-    under ``FINALIST_SEED``: the first ones of the same permutation), as evaluation batches."""
-    import numpy as np
-
-    from autotailor.data import BatchLoader, load_data
-
-    _, val = load_data(spec)
-    rest = np.random.default_rng(FINALIST_SEED).permutation(len(val))[finalist_images:]
-    return list(BatchLoader(val.subset(np.sort(rest)), 128, train=False, resolution=resolution))
-
-
 def pool_on_sample(sn, work: Path, pool: list[dict], batches: list, calibration: list) -> list[float]:
     """Accuracy of each pool SubNet on ``batches`` (BN recalibrated on ``calibration``), kept in
     ``work/pool_on_finalist_sample.json`` after each ten (a restarted run skips them)."""
@@ -153,27 +141,29 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
     # Chosen and random SubNets timed in one interleaved session, so drift hits both alike.
     measured = measure_latencies(sn, work, archs + pool, data.calibration)
     chosen_lat, pool_lat = [m["ms"] for m in measured[: len(archs)]], [m["ms"] for m in measured[len(archs):]]
-    held_out = held_out_batches(args.data, sn.example_shape[-1], args.finalist_images) if args.finalists else data.val
-    chosen_acc = [evaluate(sn, a, held_out, data.calibration) for a in archs]
+    all_acc = [evaluate(sn, a, data.val, data.calibration) for a in archs]
+    chosen_acc, held_out_images = all_acc, data.images
     if args.finalists:
-        # The random SubNets on the same held-out images: BatchNorm in eval mode classifies each
-        # image alone, so the held-out accuracy follows from all images' and the sample's.
+        # Judged on the test images the finalists were not measured on. BatchNorm in eval mode
+        # classifies each image alone, so a SubNet's accuracy there follows from its accuracy on
+        # all images and on the finalists' sample (for the random SubNets, known and cached).
         sample = eval_data(args.data, sn.example_shape[-1],
                            EvalSettings(args.finalist_images, 1, 128, FINALIST_SEED)).val
         n_all, n_sample = data.images, sum(len(y) for _, y in sample)
-        on_sample = pool_on_sample(sn, work, pool, sample, data.calibration)
-        pool_acc = [(n_all * a - n_sample * s) / (n_all - n_sample) for a, s in zip(pool_acc, on_sample)]
-        check = evaluate(sn, archs[0], sample, data.calibration)
-        assert abs(n_sample * check + (n_all - n_sample) * chosen_acc[0] - n_all * evaluate(
-            sn, archs[0], data.val, data.calibration)) < 1e-6 * n_all, "held-out accuracies do not add up"
+        held_out_images = n_all - n_sample
+
+        def held_out(on_all: list[float], on_sample: list[float]) -> list[float]:
+            return [(n_all * a - n_sample * s) / held_out_images for a, s in zip(on_all, on_sample)]
+        chosen_acc = held_out(all_acc, [evaluate(sn, a, sample, data.calibration) for a in archs])
+        pool_acc = held_out(pool_acc, pool_on_sample(sn, work, pool, sample, data.calibration))
     rows = []
-    for c, m, acc, arch in zip(chosen, measured, chosen_acc, archs):
+    for c, m, acc, on_all in zip(chosen, measured, chosen_acc, all_acc):
         rows.append({"budget_ms": c["limits"]["latency_ms"], "predicted_ms": c["metrics"]["latency_ms"],
                      "measured_ms": m["ms"], "raw_ms": m["raw_ms"], "slowness": m["slowness"],
                      "verified_ms": c.get("measured_latency_ms"),
                      "predicted_accuracy": c["accuracy"], "finalist_accuracy": c.get("measured_accuracy"),
                      "measured_accuracy": acc,
-                     "all_images_accuracy": evaluate(sn, arch, data.val, data.calibration) if args.finalists else acc,
+                     "all_images_accuracy": on_all,
                      "within_budget_5pct": m["ms"] <= 1.05 * c["limits"]["latency_ms"]})
     beaten = []
     for lat, acc in zip(pool_lat, pool_acc):
@@ -188,7 +178,7 @@ def run_model(name: str, args: argparse.Namespace, store: State) -> dict:
             "pool": len(pool), "pool_beating_front": beaten,
             "validation_images": data.images, "finalists": args.finalists,
             "finalist_images": args.finalist_images if args.finalists else 0,
-            "held_out_images": sum(len(y) for _, y in held_out),
+            "held_out_images": held_out_images,
             "pool_latency_ms": {"min": float(np.min(pool_lat)), "max": float(np.max(pool_lat))},
             "pool_points": [{"measured_ms": lat, "accuracy": acc} for lat, acc in zip(pool_lat, pool_acc)]}
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotailor.pipeline.workdir import write_json
 from autotailor.search import Budget, Objectives, SearchResult, rank
 from autotailor.supernet import Arch
 
@@ -67,17 +67,12 @@ class Finalists:
         for i, (key, arch) in enumerate(todo.items()):
             if on_subnet:
                 on_subnet(i, len(todo))
-            accuracy = evaluate(self.sn, self.sn.space.complete(arch), self.data.val, self.data.calibration)
-            self.measured[key] = {"arch": self.sn.space.complete(arch), "accuracy": accuracy}
-            self._save()
+            full = self.sn.space.complete(arch)
+            self.measured[key] = {"arch": full, "accuracy": evaluate(self.sn, full, self.data.val, self.data.calibration)}
+            write_json(self.path, {"info": self.data.describe(), "subnets": self.measured})
         if on_subnet and todo:
             on_subnet(len(todo), len(todo))
         return len(todo)
-
-    def _save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"info": self.data.describe(), "subnets": self.measured}))
-        os.replace(tmp, self.path)
 
     def choose(self, result: SearchResult, objectives: Objectives,
                on_subnet: Callable[[int, int], None] | None = None) -> SearchResult:

@@ -234,10 +234,8 @@ def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str,
     fits = [a for a in map(subnet_arch, measured) if objectives.feasible(a, choice.budget)]
     if not fits:
         return choice
-    if finalists is not None and any(finalists.accuracy(a) is not None for a in fits):
-        best = max((a for a in fits if finalists.accuracy(a) is not None), key=finalists.accuracy)
-    else:
-        best = max(fits, key=objectives.accuracy)
+    known = [a for a in fits if finalists is not None and finalists.accuracy(a) is not None]
+    best = max(known, key=finalists.accuracy) if known else max(fits, key=objectives.accuracy)
     log.info("%s: the choice measured %.3g ms, over the budget; the best measured SubNet within it replaces it",
              choice.budget.name, objectives.metric("latency_ms", objectives.space.complete(choice.arch)))
     return dataclasses.replace(choice, arch=best, accuracy=objectives.accuracy(best),
