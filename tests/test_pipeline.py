@@ -170,6 +170,7 @@ def test_run_config_errors(tmp_path) -> None:
 
 
 def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -> None:
+    from autotailor.pipeline.finalists import Finalists
     from autotailor.pipeline.selection import _within_measured
     from autotailor.pipeline.workdir import device_setup
     from autotailor.predict.latency import CostModel, calibration_archs, subnet_arch, subnet_key
@@ -211,6 +212,13 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
     replaced = _within_measured(over, objectives, measured, None)
     assert replaced.arch == max(fits, key=objectives.accuracy) and replaced.metrics["latency_ms"] <= limit
     assert replaced.accuracy == objectives.accuracy(replaced.arch)
+    # with finalists, measured accuracy decides among the measured SubNets within the budget
+    finalists = Finalists(sn, None, run_dir / "finalists.json", 1)
+    worst, best = min(fits, key=objectives.accuracy), max(fits, key=objectives.accuracy)
+    assert objectives.accuracy(worst) < objectives.accuracy(best)
+    for arch, accuracy in ((worst, 0.99), (best, 0.5), (sn.space.complete(slowest["arch"]), 1.0)):
+        finalists.measured[finalists._key(arch)] = {"arch": arch, "accuracy": accuracy}
+    assert _within_measured(over, objectives, measured, finalists).arch == worst
     assert main(["report", work]) == 0  # the report shows each choice's measured latency
     report = (run_dir / "report.md").read_text()
     assert "| measured latency_ms |" in report and f"repeated {result['verify_rounds']} time(s)" in report
