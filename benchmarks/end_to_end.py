@@ -204,12 +204,13 @@ def run_demo() -> dict:
 
 def report(data: dict) -> str:
     lines = ["# End to end: budgets to measured SubNets, and the demo", "",
-             f"Machine: {json.dumps(data['machine'])}", ""]
+             "Each part states the machine it ran on: a part run again replaces only itself.", ""]
     for name, r in data.get("models", {}).items():
         rows = r["rows"]
         errors = [abs(x["measured_ms"] / x["predicted_ms"] - 1) for x in rows]
         lines += [f"## {name} on {DEVICE}", "",
                   f"Command: `{r.get('command', '')}` (commit {r.get('commit', '?')[:10]})", "",
+                  f"Machine: {json.dumps(r['machine'])}", "",
                   f"- LUT built in {r['profile_seconds']:.0f} s; {r['budgets']} budgets searched in "
                   f"{r['search_seconds']:.1f} s ({r['predictions']} predictions, {r.get('verify_rounds', 0)} verify "
                   f"rounds; the whole search step with its measurements {r.get('search_step_seconds', 0):.0f} s); "
@@ -247,8 +248,22 @@ def report(data: dict) -> str:
                   f"Commit {demo['commit'][:10]}: `make install` {demo['install_seconds']:.0f} s, "
                   f"`make demo` {demo['demo_seconds']:.0f} s (limit 600 s). Steps (s): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in demo["steps"].items()) + ".", "",
+                  f"Machine: {json.dumps(demo['machine'])}", "",
                   "The report it wrote:", "", "```markdown", demo["report"].strip(), "```", ""]
     return "\n".join(lines)
+
+
+def _state(path: Path, results: Path) -> State:
+    """The work directory's state; on a machine without one, the committed results' parts, so
+    that running one part again keeps the others (results written before parts stated their
+    machine get the file's)."""
+    if not path.is_file() and results.is_file():
+        old = json.loads(results.read_text())
+        parts = [*old.get("models", {}).values(), *([old["demo"]] if old.get("demo") else [])]
+        for part in parts:
+            part.setdefault("machine", old.get("machine"))
+        path.write_text(json.dumps({k: old[k] for k in ("commands", "models", "demo") if k in old}, indent=1))
+    return State(path)
 
 
 def main() -> int:
@@ -268,19 +283,18 @@ def main() -> int:
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    store = State(Path(args.work) / "state.json")
+    store = _state(Path(args.work) / "state.json", Path(args.results) / "end_to_end.json")
     command = "python " + " ".join(sys.argv)
     if not args.report_only:
         for name in filter(None, args.models.split(",")):
             commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
             dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True).stdout
-            store.put({**run_model(name, args, store), "command": command,
+            store.put({**run_model(name, args, store), "command": command, "machine": machine("torch", "onnxruntime"),
                        "commit": commit.strip() + (" with uncommitted changes in src" if dirty else "")}, "models", name)
         if args.demo:
-            store.put(run_demo(), "demo")
+            store.put({**run_demo(), "machine": machine("torch", "onnxruntime")}, "demo")
             store.put(command, "commands", "demo")
-    data = {"machine": machine("torch", "onnxruntime"), "commands": store.get("commands") or {},
-            "models": store.get("models") or {}, "demo": store.get("demo")}
+    data = {"commands": store.get("commands") or {}, "models": store.get("models") or {}, "demo": store.get("demo")}
     write_results(args.results, "end_to_end", data, report(data))
     return 0
 

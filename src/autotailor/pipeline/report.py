@@ -91,7 +91,8 @@ def write_report(work: str | Path) -> Path:
                   f"{len(search['choices'])} budgets searched in {search['seconds']:.1f} s "
                   f"({search['predictions']} predictions; beam {search['beam_size']} SubNets)"
                   + (f" for {search['target']}" if search["target"] else "") + "."
-                  + (f" The chosen SubNets were measured on it and the searches repeated "
+                  + (f" The chosen SubNets were measured on it (scaled to the machine's speed when the LUT was "
+                     f"built) and the searches repeated "
                      f"{search['verify_rounds']} time(s) with the latency model refitted to them: "
                      f"{search['latency_model']}." if verified else "")
                   + (f" Each budget's {finalists} best-predicted SubNets were measured for accuracy on the "
@@ -110,6 +111,8 @@ def write_report(work: str | Path) -> Path:
         lines += ["", f"![Pareto front]({plot(work, search, exports).name})", ""]
     if exports:
         lines += ["## Exported SubNets, measured", "",
+                  "Timed as they are now, not scaled: where the machine's speed drifts, they differ from the "
+                  "search's measurements.", "",
                   "| budget | predicted latency | measured latency | predicted accuracy | measured accuracy | files |",
                   "|---|---|---|---|---|---|"]
         for e in exports:
