@@ -453,8 +453,12 @@ def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv
     # seconds (the two calibrations' timings differed by a median factor of 1.36 to 2.89 on a
     # 2-vCPU AMD EPYC), so the timings scaled by the readings are checked in time_deployed's test.
     probes = {lut_ms: d.speed_probe() for lut_ms, d in devices.items()}
-    ratios = [probes[2.0]() / probes[1.0]() for _ in range(4)]
-    assert 0.4 < statistics.median(ratios) < 0.625, ratios
+    ratios = []
+    for i in range(6):  # in both orders, in case the order of a pair biases it
+        first, second = (1.0, 2.0) if i % 2 else (2.0, 1.0)
+        reading = {first: probes[first](), second: probes[second]()}
+        ratios.append(reading[2.0] / reading[1.0])
+    assert 0.35 < statistics.median(ratios) < 0.75, ratios  # unscaled: 1
     # Timed again on request (a search's final choices): each then holds both timings.
     assert device.measure(archs[:3] + archs[:1], again=True) == archs[:3]
     with device.open_store() as store:
