@@ -3,6 +3,9 @@
 ``autotailor compile cifar_models:resnet18 --input-size 32`` with ``benchmarks/`` on PYTHONPATH.
 """
 
+from pathlib import Path
+
+import torch
 import torch.nn as nn
 import torchvision
 
@@ -22,3 +25,29 @@ def mobilenet_v2() -> nn.Module:
     model = torchvision.models.mobilenet_v2(num_classes=10)
     model.features[0][0].stride = (1, 1)
     return model
+
+
+MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+def trained(name: str) -> nn.Module:
+    """``name`` with the CIFAR-10 weights ``benchmarks/train_base.py`` made
+    (``benchmarks/artifacts/NAME_cifar10.fp16.pt``), in float32."""
+    path = ARTIFACTS / f"{name}_cifar10.fp16.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; make it with: python benchmarks/train_base.py --model {name}")
+    model = MODELS[name]()
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v
+                           for k, v in torch.load(path, map_location="cpu").items()})
+    return model.eval()
+
+
+def resnet18_trained() -> nn.Module:
+    """``autotailor compile cifar_models:resnet18_trained``: ResNet-18 with its CIFAR-10 weights."""
+    return trained("resnet18")
+
+
+def mobilenet_v2_trained() -> nn.Module:
+    """``autotailor compile cifar_models:mobilenet_v2_trained``: MobileNetV2 with its CIFAR-10 weights."""
+    return trained("mobilenet_v2")

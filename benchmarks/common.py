@@ -67,3 +67,16 @@ def write_results(folder: str | Path, name: str, data: dict, text: str) -> None:
     (folder / f"{name}.json").write_text(json.dumps(data, indent=1))
     (folder / f"{name}.md").write_text(text)
     print(text)
+
+
+def atomic_torch_save(obj: object, path: Path) -> None:
+    """``torch.save(obj, path)``, atomically (see ``autotailor.files.atomic_write``)."""
+    from autotailor.files import atomic_write
+
+    with atomic_write(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def default_cifar10() -> str:
+    """Where CIFAR-10 is: ``$AUTOTAILOR_CIFAR10``, else ``../shared/data/cifar10`` beside the repository."""
+    return os.environ.get("AUTOTAILOR_CIFAR10", str(Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cifar10"))

@@ -1,0 +1,206 @@
+"""Train the benchmarks' base models on CIFAR-10 and keep their weights as artifacts.
+
+Reproduce (from the repository root, after `make install`; hours on 2 cores, resumable)::
+
+    .venv/bin/python benchmarks/train_base.py --model resnet18 --epochs 10 --threads 1
+    .venv/bin/python benchmarks/train_base.py --model mobilenet_v2 --epochs 10 --threads 1
+
+A base model is what a user brings to AutoTailor: a plain trained classifier
+(``benchmarks/cifar_models.py``), trained here with plain PyTorch, not through AutoTailor, so
+its weights are independent of how AutoTailor represents a SuperNet. The recipe is the one
+``tune_cifar10.py`` used for ``autotailor train``: SGD with Nesterov momentum 0.9, lr 0.05,
+weight decay 5e-4, label smoothing 0.1, 200 warm-up steps then a cosine schedule, batch 64,
+random crops and flips.
+
+Resumable at two levels. Every ``--checkpoint-every`` steps the full state (fp32 weights,
+momentum, step) is written to ``--work``. ``--snapshot`` copies the latest one into
+``benchmarks/artifacts/NAME_cifar10.ckpt*.pt`` (fp16, split under 25 MB a file) so that a
+later session, whose work directory is gone, resumes from it (fp16 rounding of the weights and
+momentum is the only difference from an uninterrupted run). When training ends, the weights
+go to ``benchmarks/artifacts/NAME_cifar10.fp16.pt`` with their test accuracy, the partial
+checkpoint artifacts are deleted, and a line is added to ``benchmarks/artifacts/README.md``.
+``cifar_models.trained(NAME)`` loads the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import cifar_models  # noqa: E402
+from common import atomic_torch_save, default_cifar10  # noqa: E402
+
+ARTIFACTS = HERE / "artifacts"
+BATCH = 64
+LR, MOMENTUM, WEIGHT_DECAY, WARMUP, SMOOTHING = 0.05, 0.9, 5e-4, 200, 0.1
+PART_BYTES = 24 * 2**20
+
+log = logging.getLogger("train_base")
+
+
+def lr_factor(step: int, steps: int) -> float:
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - WARMUP) / max(1, steps - WARMUP))))
+
+
+def _split_fp16(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """``state`` in fp16 (floating tensors), split into parts of at most ``PART_BYTES``."""
+    parts: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, v in state.items():
+        v = v.half() if v.is_floating_point() else v
+        nbytes = v.numel() * v.element_size()
+        if size and size + nbytes > PART_BYTES:
+            parts.append({})
+            size = 0
+        parts[-1][k] = v.clone()
+        size += nbytes
+    return parts
+
+
+def snapshot(name: str, ckpt: dict) -> list[Path]:
+    """The checkpoint as fp16 artifact parts: model and momentum tensors under prefixed keys."""
+    flat = {f"model.{k}": v for k, v in ckpt["model"].items()}
+    flat.update({f"momentum.{k}": v for k, v in ckpt["momentum"].items()})
+    paths = []
+    for i, part in enumerate(_split_fp16(flat)):
+        path = ARTIFACTS / f"{name}_cifar10.ckpt{i}.pt"
+        atomic_torch_save({"step": ckpt["step"], "steps": ckpt["steps"], "tensors": part}, path)
+        paths.append(path)
+    for stale in ARTIFACTS.glob(f"{name}_cifar10.ckpt*.pt"):
+        if stale not in paths:
+            stale.unlink()
+    return paths
+
+
+def from_snapshot(name: str) -> dict | None:
+    parts = sorted(ARTIFACTS.glob(f"{name}_cifar10.ckpt*.pt"))
+    if not parts:
+        return None
+    loaded = [torch.load(p, map_location="cpu") for p in parts]
+    if len({(d["step"], d["steps"]) for d in loaded}) != 1:
+        raise SystemExit(f"the checkpoint parts {[p.name for p in parts]} come from different steps; delete them")
+    tensors = {k: v for d in loaded for k, v in d["tensors"].items()}
+    unpack = lambda prefix: {k[len(prefix):]: v.float() if v.is_floating_point() else v  # noqa: E731
+                             for k, v in tensors.items() if k.startswith(prefix)}
+    return {"step": loaded[0]["step"], "steps": loaded[0]["steps"], "model": unpack("model."),
+            "momentum": unpack("momentum.")}
+
+
+def evaluate(model: torch.nn.Module, val) -> float:
+    from autotailor.data import BatchLoader
+
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in BatchLoader(val, 500, train=False):
+            correct += int((model(x).argmax(1) == y).sum())
+    return correct / len(val)
+
+
+def commit_of_head() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=HERE).stdout.strip() or "unknown"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, choices=sorted(cifar_models.MODELS))
+    p.add_argument("--epochs", type=float, default=10)
+    p.add_argument("--data", default=default_cifar10(), help="directory with train.zip and test.zip")
+    p.add_argument("--work", default=str(HERE / "work" / "train_base"))
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--snapshot", action="store_true",
+                   help="only copy the latest checkpoint into benchmarks/artifacts (fp16) and stop")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt_path = work / f"{args.model}.ckpt"
+    if args.snapshot:
+        if not ckpt_path.is_file():
+            raise SystemExit(f"no checkpoint at {ckpt_path} to snapshot")
+        for path in snapshot(args.model, torch.load(ckpt_path, map_location="cpu")):
+            print(path)
+        return
+
+    from autotailor.data import BatchLoader, load_data
+
+    train, val = load_data(f"cifar10:{args.data}", seed=0)
+    loader = BatchLoader(train, BATCH, train=True, seed=0)
+    steps = round(args.epochs * len(loader))
+    torch.manual_seed(0)
+    model = cifar_models.MODELS[args.model]()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, nesterov=True)
+    params = dict(model.named_parameters())
+    start = 0
+    state = torch.load(ckpt_path, map_location="cpu") if ckpt_path.is_file() else from_snapshot(args.model)
+    if state is not None:
+        if state["steps"] != steps:
+            raise SystemExit(f"the checkpoint is of a {state['steps']}-step run, not {steps}; pass the same --epochs")
+        model.load_state_dict(state["model"])
+        for k, buf in state["momentum"].items():
+            opt.state[params[k]]["momentum_buffer"] = buf.clone()
+        start = state["step"]
+        log.info("resumed %s at step %d of %d", args.model, start, steps)
+
+    def save(step: int) -> None:
+        momentum = {k: opt.state[p]["momentum_buffer"] for k, p in params.items() if "momentum_buffer" in opt.state[p]}
+        atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum},
+                          ckpt_path)
+
+    model.train()
+    t0, losses = time.perf_counter(), []
+    for step in range(start, steps):
+        for g in opt.param_groups:
+            g["lr"] = LR * lr_factor(step, steps)
+        epoch, i = divmod(step, len(loader))
+        x, y = loader.batch(epoch, i)
+        torch.manual_seed(step)  # dropout: a function of the step, as the batches are
+        loss = F.cross_entropy(model(x), y, label_smoothing=SMOOTHING)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % args.checkpoint_every == 0 or step + 1 == steps:
+            save(step + 1)
+            rate = len(losses) * BATCH / (time.perf_counter() - t0)
+            log.info("%s step %d/%d loss %.3f (%.0f img/s)", args.model, step + 1, steps,
+                     sum(losses[-50:]) / len(losses[-50:]), rate)
+
+    accuracy = evaluate(model, val)
+    out = ARTIFACTS / f"{args.model}_cifar10.fp16.pt"
+    ARTIFACTS.mkdir(exist_ok=True)
+    atomic_torch_save({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}, out)
+    (ARTIFACTS / f"{args.model}_cifar10.json").write_text(json.dumps(
+        {"model": args.model, "epochs": args.epochs, "steps": steps, "batch": BATCH,
+         "test_accuracy": accuracy, "commit": commit_of_head()}, indent=1) + "\n")
+    for part in ARTIFACTS.glob(f"{args.model}_cifar10.ckpt*.pt"):
+        part.unlink()
+    line = (f"- `{out.name}`: `python benchmarks/train_base.py --model {args.model} --epochs {args.epochs:g}` "
+            f"at commit {commit_of_head()}; {100 * accuracy:.2f} % on the 10,000 CIFAR-10 test images.\n")
+    readme = ARTIFACTS / "README.md"
+    kept = [l for l in readme.read_text().splitlines(keepends=True) if f"`{out.name}`" not in l] \
+        if readme.is_file() else []
+    readme.write_text("".join(kept) + line)
+    print(f"{args.model}: {100 * accuracy:.2f} % test accuracy; weights in {out}")
+
+
+if __name__ == "__main__":
+    main()
