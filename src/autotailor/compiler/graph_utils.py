@@ -1,4 +1,4 @@
-"""Small helpers over torch.fx graphs shared by the compiler passes."""
+"""Shape propagation over a traced graph, shared by the compiler passes."""
 
 from __future__ import annotations
 
@@ -10,34 +10,6 @@ from autotailor.errors import GraphError
 from autotailor.ir.shapes import run_meta
 
 
-def get_attr(root: torch.nn.Module, target: str) -> object:
-    """The attribute at dotted path ``target`` (``layer1.0.conv1.weight``) below ``root``."""
-    owner, _, name = target.rpartition(".")
-    return getattr(root.get_submodule(owner) if owner else root, name)
-
-
-def set_attr(root: torch.nn.Module, target: str, value: object) -> None:
-    """Set the attribute at dotted path ``target`` below ``root`` (a module, a parameter, ...)."""
-    owner, _, name = target.rpartition(".")
-    setattr(root.get_submodule(owner) if owner else root, name, value)
-
-
-def tensor_inputs(node: fx.Node) -> list[fx.Node]:
-    """Every node among ``node``'s arguments, nested lists and dicts included."""
-    found: list[fx.Node] = []
-    fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n))
-    return found
-
-
-def node_shape(node: object) -> tuple[int, ...] | None:
-    """The tensor shape recorded by ``propagate_shapes``, or None for non-tensors."""
-    if not isinstance(node, fx.Node):
-        return None
-    meta = node.meta.get("tensor_meta")
-    shape = getattr(meta, "shape", None)
-    return tuple(shape) if shape is not None else None
-
-
 def _record(prefix: str, n: fx.Node, value: object) -> None:
     # Activations are floating point; integer tensors are shapes and indices (ONNX's Shape op).
     n.meta["has_tensor"] = any(
@@ -47,12 +19,6 @@ def _record(prefix: str, n: fx.Node, value: object) -> None:
         n.meta["tensor_meta"] = _extract_tensor_metadata(value)
     else:
         n.meta.pop("tensor_meta", None)
-
-
-def carries_tensors(node: fx.Node) -> bool:
-    """Whether the node's value holds a floating-point tensor (not only sizes, indices or
-    other Python values)."""
-    return node.meta.get("has_tensor", True)
 
 
 class _RealRecorder(fx.Interpreter):

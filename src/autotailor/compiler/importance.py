@@ -11,31 +11,19 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from autotailor.compiler.channels import ChannelGroup, Member
-from autotailor.compiler.graph_utils import get_attr
+from autotailor.compiler.channels import ChannelGroup
+from autotailor.ir import handlers
+from autotailor.ir.graph import get_attr
+from autotailor.ir.handlers import Member
 
 
 def _member_tensors(gm: fx.GraphModule, nodes: dict[str, fx.Node], m: Member) -> list[tuple[torch.Tensor, int]]:
-    """(tensor, axis) pairs that index the group's channels for member ``m``."""
+    """(tensor, axis) pairs that index the group's channels for member ``m`` (its handler's ``importance``)."""
     node = nodes[m.node]
     if m.role == "param":
         return [(get_attr(gm, node.target), m.axis)]
     mod = gm.get_submodule(node.target)
-    out: list[tuple[torch.Tensor, int]] = []
-    if isinstance(mod, (nn.Conv2d, nn.Linear)):
-        if m.role in ("out", "inout"):
-            out.append((mod.weight, 0))
-            if mod.bias is not None:
-                out.append((mod.bias, 0))
-        else:
-            out.append((mod.weight, 1))
-    else:  # norms: every per-channel tensor
-        for name in ("weight", "bias", "running_mean", "running_var"):
-            t = getattr(mod, name, None)
-            if isinstance(t, torch.Tensor) and t.dim() >= 1:
-                out.append((t, 0))
-    return out
-
+    return handlers.for_module(mod).importance(mod, m.role)
 
 
 def importance_order(gm: fx.GraphModule, group: ChannelGroup) -> torch.Tensor:

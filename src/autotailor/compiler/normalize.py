@@ -18,7 +18,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autotailor.compiler.graph_utils import get_attr, set_attr
+from autotailor.ir.graph import get_attr, set_attr
 
 # A builder returns the layer, or None when the call is not one it can express. Weights must be
 # nn.Parameter objects (checked here); running statistics may be plain buffers.

@@ -21,12 +21,9 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from autotailor.compiler.channels import is_pointwise
-from autotailor.compiler.graph_utils import carries_tensors, node_shape
-
-_ADD = (operator.add, operator.iadd, torch.add, "add", "add_")
-MUL_TARGETS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
-_NORMS = (nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d)
+from autotailor.ir import handlers
+from autotailor.ir.graph import carries_tensors, node_shape
+from autotailor.ir.ops.elementwise import ADD_TARGETS, MUL_TARGETS
 
 
 @dataclass
@@ -56,16 +53,11 @@ class Structure:
 
 
 def _op_kind(gm: fx.GraphModule, node: fx.Node) -> str:
-    """Coarse kind of an operator: dense, dwconv, norm, act, or other."""
+    """Coarse kind of an operator (its handler's ``structure``): dense, dwconv, norm, act, or other."""
     if node.op == "call_module":
         mod = gm.get_submodule(node.target)
-        if isinstance(mod, nn.Conv2d):
-            return "dense" if mod.groups == 1 else "dwconv"
-        if isinstance(mod, nn.Linear):
-            return "dense"
-        if isinstance(mod, _NORMS):
-            return "norm"
-    return "act" if is_pointwise(gm, node) else "other"
+        return handlers.for_module(mod).structure(mod)
+    return handlers.for_node(gm, node).structure(None)
 
 
 def _flow_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -116,7 +108,7 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
             continue
         nodes = inner + [join]
         target = math_target(gm, join)
-        if target in _ADD:
+        if target in ADD_TARGETS:
             identity = any(_through_identities(gm, a) is entry for a in join.all_input_nodes)
             elements.append(("residual", entry, nodes, identity))
         elif target in MUL_TARGETS:

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 
-from autotailor.compiler.structure import MUL_TARGETS, BlockInfo, math_target
+from autotailor.compiler.structure import BlockInfo, math_target
+from autotailor.ir import handlers
+from autotailor.ir.ops.elementwise import MUL_TARGETS
 
 # Defaults every template starts from; a template overrides what suits it.
 DEFAULT_EXPAND = (0.25, 0.5, 0.75, 1.0)
@@ -81,32 +81,22 @@ def template_names() -> list[str]:
 
 
 def view(gm: fx.GraphModule, block: BlockInfo) -> BlockView:
-    convs, linears, lns, bns, gates, attention = [], 0, 0, 0, 0, 0
+    """What ``block`` holds, counted by its operators' handlers' ``role``."""
+    convs, counts = [], {"linear": 0, "layernorm": 0, "batchnorm": 0, "attention": 0}
+    gates = 0
     for node in block.nodes:
-        if node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            if isinstance(mod, nn.Conv2d):
-                convs.append(mod)
-            elif isinstance(mod, nn.Linear):
-                linears += 1
-            elif isinstance(mod, nn.LayerNorm):
-                lns += 1
-            elif isinstance(mod, nn.BatchNorm2d):
-                bns += 1
-            elif isinstance(mod, nn.MultiheadAttention):
-                attention += 1
-        elif node.op in ("call_function", "call_method") and _is_attention(node.target):
-            attention += 1
+        if node.op in ("call_module", "call_function", "call_method"):
+            role = handlers.for_node(gm, node).role
+            if role == "conv":
+                convs.append(gm.get_submodule(node.target))
+            elif role in counts:
+                counts[role] += 1
+            elif node.op != "call_module" and "attention" in getattr(node.target, "__name__", ""):
+                counts["attention"] += 1  # a wrapped attention function (Swin's)
         if node.op != "placeholder" and _is_gate(gm, node):
             gates += 1
-    return BlockView(block.kind, block.identity, convs, linears, lns, bns, gates, attention)
-
-
-def _is_attention(target: object) -> bool:
-    """Softmax, scaled dot-product attention, or a wrapped attention function (Swin's)."""
-    if target in (F.softmax, torch.softmax, "softmax", F.scaled_dot_product_attention):
-        return True
-    return "attention" in getattr(target, "__name__", "")
+    return BlockView(block.kind, block.identity, convs, counts["linear"], counts["layernorm"], counts["batchnorm"],
+                     gates, counts["attention"])
 
 
 def _is_gate(gm: fx.GraphModule, node: fx.Node) -> bool:

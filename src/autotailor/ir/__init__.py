@@ -1,17 +1,14 @@
-"""TailorIR: operators and blocks that keep a meta (largest) and an active architecture."""
+"""TailorIR: operator handlers, dynamic operators and blocks that keep a meta (largest) and an
+active architecture."""
 
+from autotailor.ir import ops  # noqa: F401  (registers the operator handlers)
 from autotailor.ir.block import Block
 from autotailor.ir.feature import Feature
-from autotailor.ir.operators import (
-    DynBatchNorm2d,
-    DynConv2d,
-    DynLayerNorm,
-    DynLinear,
-    DynParam,
-    Operator,
-    lift_module,
-    operator_types,
-)
+from autotailor.ir.handlers import OpHandler, for_module, for_node, lift, register, registered
+from autotailor.ir.operators import DynParam, Operator
+from autotailor.ir.ops.conv import DynConv2d
+from autotailor.ir.ops.linear import DynLinear
+from autotailor.ir.ops.norm import DynBatchNorm2d, DynLayerNorm
 
 __all__ = [
     "Block",
@@ -21,7 +18,11 @@ __all__ = [
     "DynLinear",
     "DynParam",
     "Feature",
+    "OpHandler",
     "Operator",
-    "lift_module",
-    "operator_types",
+    "for_module",
+    "for_node",
+    "lift",
+    "register",
+    "registered",
 ]

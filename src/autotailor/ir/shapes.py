@@ -12,18 +12,12 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 
 from autotailor.ir.block import Block
+from autotailor.ir.handlers import for_module
 from autotailor.ir.operators import DynParam, Operator
 
 OnNode = Callable[[str, fx.Node, Any], None]
-
-# Layers whose output has their input's shape; meta kernels of some of them (hardswish)
-# are slow Python decompositions, so the shape is passed through instead.
-_SAME_SHAPE = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.Sigmoid, nn.GELU, nn.Tanh,
-               nn.LeakyReLU, nn.Dropout, nn.Identity, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
-
 
 def to_meta(value: Any) -> Any:
     """A meta tensor of the same shape for floating-point tensors; anything else unchanged
@@ -61,7 +55,9 @@ class MetaInterpreter(fx.Interpreter):
         if isinstance(mod, Operator):
             x = args[0]
             return torch.empty(mod.infer(tuple(x.shape)), dtype=x.dtype, device="meta")
-        if isinstance(mod, _SAME_SHAPE) and len(args) == 1 and isinstance(args[0], torch.Tensor):
+        # Meta kernels of some layers (hardswish) are slow Python decompositions: a layer whose
+        # handler says its output has its input's shape skips them.
+        if for_module(mod).same_shape and len(args) == 1 and isinstance(args[0], torch.Tensor):
             return torch.empty_like(args[0], device="meta")
         state = {k: to_meta(v) for k, v in (*mod.named_parameters(), *mod.named_buffers())}
         return torch.func.functional_call(mod, state, args, kwargs)

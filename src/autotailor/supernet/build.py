@@ -19,14 +19,16 @@ import torch.nn as nn
 
 from autotailor.compiler.channels import ChannelGroup, analyse_channels
 from autotailor.compiler.config import TailorConfig, load_config
-from autotailor.compiler.graph_utils import get_attr, node_shape, propagate_shapes, runs_at, set_attr
+from autotailor.compiler.graph_utils import propagate_shapes, runs_at
+from autotailor.ir.graph import get_attr, node_shape, set_attr
 from autotailor.compiler.importance import reorder_channels
 from autotailor.compiler.normalize import lift_functional_layers
 from autotailor.compiler.structure import BlockInfo, Structure, parse_structure
 from autotailor.compiler.templates import match
 from autotailor.errors import GraphError, ModelLoadError
 from autotailor.frontends import import_onnx, load_model, trace
-from autotailor.ir import Block, DynParam, lift_module, operator_types
+from autotailor.ir import Block, DynParam, for_module
+from autotailor.ir import lift as lift_operator
 from autotailor.supernet.space import Space, StageInfo, Variable
 from autotailor.supernet.supernet import SuperNet
 
@@ -306,7 +308,6 @@ def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     lifted: dict[str, nn.Module] = {}
-    dyn_types = operator_types()
 
     def lift(name: str) -> nn.Module:
         if name in lifted:
@@ -314,9 +315,9 @@ def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
         node = nodes[name]
         if node.op == "call_module":
             mod = gm.get_submodule(node.target)
-            if type(mod) not in dyn_types:
+            if for_module(mod).dynamic is None:
                 raise GraphError(f"{name}: {type(mod).__name__} has a channel rule but no dynamic operator")
-            op = lift_module(mod)
+            op = lift_operator(mod)
             set_attr(gm, node.target, op)
         else:
             raise GraphError(f"{name}: cannot lift {node.op} {node.target}")

@@ -14,7 +14,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autotailor.compiler.config import TailorConfig
-from autotailor.compiler.graph_utils import get_attr
+from autotailor.ir.graph import get_attr
 from autotailor.errors import ArchError, AutoTailorError
 from autotailor.ir import Block, DynParam, Operator
 from autotailor.ir.shapes import deduce_shapes

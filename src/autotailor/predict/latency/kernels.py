@@ -27,9 +27,10 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from autotailor.compiler.graph_utils import get_attr
 from autotailor.errors import AutoTailorError
 from autotailor.ir import Block, DynParam, Operator
+from autotailor.ir.graph import get_attr
+from autotailor.ir.handlers import DEFAULT, OpHandler, for_module, for_node, target_name
 from autotailor.ir.shapes import run_meta
 from autotailor.supernet import Arch, SuperNet
 
@@ -54,50 +55,13 @@ class Node:
     block: int | None  # droppable block it lives in (None: always present)
     scope: str  # the graph it lives in: fusion never crosses a scope
     kernel_var: str | None = None
-    kernel: int = 0  # a convolution's (largest) kernel size
-    per_group: int = 0  # a grouped convolution's input channels per group (0: not grouped)
-    bias: bool = False
-    static_params: int = 0  # parameters of a layer AutoTailor does not resize
+    handler: OpHandler = DEFAULT  # what counts its MACs and parameters
+    facts: dict[str, Any] = field(default_factory=dict)  # what its handler's ``costs`` reads of the layer
     const: bool = False  # a parameter / constant: no cost, inlined into the kernels that use it
     is_param: bool = False  # a constant that is a learned parameter (counted in params)
     fx_node: fx.Node | None = field(default=None, repr=False)
     owner: fx.GraphModule | None = field(default=None, repr=False)
     args_map: dict[fx.Node, str] = field(default_factory=dict, repr=False)  # fx arg -> flattened name
-
-
-_ACTIVATIONS = {
-    nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
-    nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh", nn.LeakyReLU: "leakyrelu",
-}
-
-
-def _kind_of_module(mod: nn.Module) -> str:
-    for base, name in _ACTIVATIONS.items():
-        if isinstance(mod, base):
-            return name
-    for base in (nn.Conv2d, nn.BatchNorm2d, nn.Linear, nn.LayerNorm):
-        if isinstance(mod, base):
-            return base.__name__.lower()
-    return type(mod).__name__.lower()
-
-
-def _describe_module(mod: nn.Module) -> str:
-    """Attributes that do not change with width: the shapes carry the rest."""
-    if isinstance(mod, nn.Conv2d):
-        g = mod.groups
-        groups = "1" if g == 1 else ("dw" if g == mod.in_channels else f"per{mod.in_channels // g}")
-        return (f"k{tuple(mod.kernel_size)} s{tuple(mod.stride)} p{mod.padding} d{tuple(mod.dilation)} "
-                f"g{groups} b{mod.bias is not None} {mod.padding_mode}")
-    if isinstance(mod, (nn.BatchNorm2d, nn.LayerNorm)):
-        return ""
-    if isinstance(mod, nn.Linear):
-        return f"b{mod.bias is not None}"
-    return mod.extra_repr()
-
-
-def _fn_name(target: Any) -> str:
-    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-    return name.strip("_").lower()
 
 
 def _literal(value: Any) -> str:
@@ -135,15 +99,11 @@ def flatten(sn: SuperNet) -> list[Node]:
                     nodes.append(Node(name, "param", "", (), block, prefix, const=True,
                                       is_param=isinstance(mod.value, nn.Parameter), fx_node=n, owner=gm))
                     continue
-                dynamic = isinstance(mod, Operator)
+                handler = for_module(mod)
                 nodes.append(Node(
-                    name, _kind_of_module(mod), _describe_module(mod), inputs, block, prefix,
-                    kernel_var=getattr(mod, "kernel_var", None) if dynamic else None,
-                    kernel=mod.kernel_size[0] if isinstance(mod, nn.Conv2d) else 0,
-                    per_group=mod.in_channels // mod.groups if isinstance(mod, nn.Conv2d) and mod.groups > 1 else 0,
-                    bias=getattr(mod, "bias", None) is not None,
-                    static_params=0 if dynamic else sum(p.numel() for p in mod.parameters()),
-                    fx_node=n, owner=gm, args_map=args_map))
+                    name, handler.kind(mod), handler.describe(mod), inputs, block, prefix,
+                    kernel_var=getattr(mod, "kernel_var", None) if isinstance(mod, Operator) else None,
+                    handler=handler, facts=handler.facts(mod), fx_node=n, owner=gm, args_map=args_map))
             elif n.op == "get_attr":
                 const_names.add(name)
                 nodes.append(Node(name, "const", "", (), block, prefix, const=True,
@@ -151,8 +111,8 @@ def flatten(sn: SuperNet) -> list[Node]:
             else:
                 literals = ",".join(_literal(a) for a in n.args) + "," + ",".join(
                     f"{k}={_literal(v)}" for k, v in n.kwargs.items())
-                nodes.append(Node(name, _fn_name(n.target), literals, inputs, block, prefix,
-                                  fx_node=n, owner=gm, args_map=args_map))
+                nodes.append(Node(name, target_name(n.target), literals, inputs, block, prefix,
+                                  handler=for_node(gm, n), fx_node=n, owner=gm, args_map=args_map))
             env[n] = name
         raise AutoTailorError("graph without output")  # pragma: no cover
 

@@ -382,19 +382,9 @@ def kernel_costs(plan: KernelPlan, kernel: Kernel) -> tuple[int, int]:
         node = plan.by_name[name]
         out = plan.shapes.shape(name, arch)
         ins = [plan.shapes.shape(i, arch) for i in node.inputs]
-        if node.kind == "conv2d":
-            k = arch[node.kernel_var] if node.kernel_var else node.kernel
-            per_out = node.per_group or ins[0][1]  # input channels each output channel reads
-            macs += math.prod(out) * per_out * k * k
-            params += out[1] * per_out * k * k + (out[1] if node.bias else 0)
-        elif node.kind == "linear":
-            macs += math.prod(out) * ins[0][-1]
-            params += out[-1] * ins[0][-1] + (out[-1] if node.bias else 0)
-        elif node.kind == "batchnorm2d":
-            params += 2 * out[1]
-        elif node.kind == "layernorm":
-            params += 2 * out[-1]
-        params += node.static_params
+        k = arch[node.kernel_var] if node.kernel_var else None
+        m, p = node.handler.costs(node.facts, ins, out, k)
+        macs, params = macs + m, params + p
     for name in plan.group_params(group):
         params += math.prod(plan.shapes.shape(name, arch))
     return macs, params

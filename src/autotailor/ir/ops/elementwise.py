@@ -1,0 +1,202 @@
+"""Weightless operations: activations, dropout, pooling, padding, arithmetic, reshaping and
+reductions. None of them is sliced: they pass channel groups on (or fix them)."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from autotailor.ir.graph import bind, node_shape
+from autotailor.ir.handlers import Default, Elementwise, Track, register
+
+_POINTWISE_MODULES = (
+    nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh,
+    nn.LeakyReLU, nn.ELU, nn.Mish, nn.Hardtanh, nn.Dropout, nn.Dropout2d, nn.Identity,
+)
+_POINTWISE_FUNCTIONS = (
+    F.relu, F.relu6, F.gelu, F.silu, F.hardswish, F.hardsigmoid, F.sigmoid, F.hardtanh, F.leaky_relu,
+    F.dropout, F.mish, torch.relu, torch.sigmoid, torch.tanh,
+)
+_POINTWISE_METHODS = ("relu", "relu_", "sigmoid", "sigmoid_", "tanh", "contiguous", "clone")
+
+
+def _stochastic_depth() -> tuple[object, ...]:
+    # torchvision's stochastic depth drops whole samples ("row") or the whole batch: channel-blind.
+    try:
+        from torchvision.ops import stochastic_depth
+    except ImportError:  # pragma: no cover - torchvision is a dependency
+        return ()
+    return (stochastic_depth,)
+
+
+@register(*_POINTWISE_MODULES, *_POINTWISE_FUNCTIONS, *_POINTWISE_METHODS, *_stochastic_depth())
+class Pointwise(Elementwise):
+    """A channel-blind elementwise function (an activation, dropout): channels pass through."""
+
+    same_shape = True
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        return a.track(node.args[0])
+
+    def structure(self, module: nn.Module | None) -> str:
+        return "act"
+
+    def kind(self, module: nn.Module | None, target: object = None) -> str:
+        if module is None:
+            return super().kind(None, target)
+        # A subclass of an activation is that activation (one kernel kind for fusion rules).
+        base = next((c for c in type(module).__mro__ if c in self.keys), type(module))
+        return base.__name__.lower()
+
+
+@register(nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
+          F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.adaptive_max_pool2d)
+class SpatialPool(Elementwise):
+    """Pooling over the spatial axes of an NCHW tensor."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is not None and t.axis != 1:
+            a.fix(t.gid, f"{node.name} pools a tensor whose channels are not on axis 1")
+            return None
+        return t
+
+
+@register(nn.ZeroPad2d, nn.ConstantPad2d, nn.ReflectionPad2d, nn.ReplicationPad2d, F.pad)
+class SpatialPad(Elementwise):
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        nd = len(node_shape(node.args[0]))
+        if node.op == "call_module":
+            padded = len(a.module(node).padding) // 2
+        else:
+            pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ())
+            padded = len(pad) // 2
+        if t.axis < nd - padded:  # pads only axes after the channels
+            return t
+        a.fix(t.gid, f"{node.name} pads the channel axis")
+        return None
+
+
+ADD_TARGETS = (operator.add, operator.iadd, torch.add, "add", "add_")
+MUL_TARGETS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
+
+
+@register(*ADD_TARGETS, *MUL_TARGETS, operator.sub, operator.truediv, torch.sub, torch.div, "sub", "div")
+class Binary(Elementwise):
+    """Elementwise op with broadcasting: operands holding the channel axis share one group."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        out_shape = node_shape(node)
+        operands = [x for x in (*node.args[:2], node.kwargs.get("other")) if isinstance(x, fx.Node)]
+        if out_shape is None:
+            a.fix_inputs(node, f"{node.name} has no tensor shape")
+            return None
+        tracked, untracked = [], []
+        for x in operands:
+            t, s = a.track(x), node_shape(x)
+            if t is not None:
+                tracked.append((t, t.axis + len(out_shape) - len(s)))
+            elif s is not None:
+                untracked.append((x, s))
+        if not tracked:
+            return None
+        axis = tracked[0][1]
+        if any(ax != axis for _, ax in tracked):
+            a.fix_inputs(node, f"{node.name} combines tensors whose channels sit on different axes")
+            return None
+        gid = tracked[0][0].gid
+        for t, _ in tracked[1:]:
+            gid = a.union(gid, t.gid, node.name)
+        for x, s in untracked:
+            pos = axis - (len(out_shape) - len(s))
+            if pos < 0 or s[pos] == 1:
+                continue  # broadcast along the channels: nothing to slice
+            if x.op == "get_attr":
+                gid = a.add_param_member(gid, x, pos, node)
+            else:
+                a.fix(gid, f"{node.name} combines the channels with {x.name}, which the compiler does not track")
+        return Track(axis, a.find(gid))
+
+
+@register(nn.Flatten, torch.flatten, "flatten")
+class Flatten(Elementwise):
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        if node.op == "call_module":
+            mod = a.module(node)
+            start, end = mod.start_dim, mod.end_dim
+        else:
+            bound = bind(node, ("input", "start_dim", "end_dim"))
+            start, end = bound.get("start_dim", 0), bound.get("end_dim", -1)
+        shape = node_shape(node.args[0])
+        nd = len(shape)
+        start, end = start % nd, end % nd
+        # Flattening [N, C, 1, 1] keeps C as a whole axis; anything larger mixes channels with space.
+        if start == t.axis and all(s == 1 for s in shape[start + 1 : end + 1]):
+            return t
+        if t.axis < start:
+            return t
+        a.fix(t.gid, f"{node.name} flattens the channels together with other axes")
+        return None
+
+
+@register(torch.permute, "permute")
+class Permute(Elementwise):
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
+        if not dims:
+            dims = node.kwargs.get("dims", ())
+        nd = len(node_shape(node.args[0]))
+        dims = [d % nd for d in dims]
+        return Track(dims.index(t.axis), t.gid)
+
+
+def reduced(a, node: fx.Node, t: Track, dims: list[int], keep: bool) -> Track | None:
+    """The channels after reducing ``dims``: unchanged unless the channel axis is reduced."""
+    if t.axis in dims:
+        a.fix(t.gid, f"{node.name} reduces over the channels")
+        return None
+    return Track(t.axis if keep else t.axis - sum(d < t.axis for d in dims), t.gid)
+
+
+@register(torch.mean, "mean")
+class Mean(Elementwise):
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        bound = bind(node, ("input", "dim", "keepdim"))
+        nd = len(node_shape(node.args[0]))
+        dims = bound.get("dim")
+        if dims is None:
+            a.fix(t.gid, f"{node.name} averages over the channels")
+            return None
+        dims = [d % nd for d in ((dims,) if isinstance(dims, int) else dims)]
+        return reduced(a, node, t, dims, bool(bound.get("keepdim", False)))
+
+
+@register(getattr, "size", "dim")
+class ReadsShape(Elementwise):
+    """Reading a shape does not constrain the channels: code that uses it adapts to any width."""
+
+    def channels(self, a, node: fx.Node) -> None:
+        return None
+
+
+@register(F.softmax, torch.softmax, "softmax", F.scaled_dot_product_attention, nn.MultiheadAttention)
+class Attention(Default):
+    """The mark of attention that templates count. No channel rule yet: it fixes its channels."""
+
+    role = "attention"
