@@ -61,8 +61,7 @@ def test_elementwise_parameters_are_sliced_with_their_channels() -> None:
     torch.manual_seed(0)
     model = LayerScaled().eval()
     sn = at.compile(model, torch.randn(1, 3, 12, 12), config="[var.block_vars]\nChainBlock.expand_ratio = [0.5, 1.0]")
-    group = dict(sn.operators())["conv"].out_group
-    (var,) = [v for v in sn.space.variables if v.targets == (group,)]
+    var = sn.space[dict(sn.operators())["conv"].reads["out_channels"]]
     arch = {var.name: 0.5}
     net = sn.extract(arch)
     shapes = sorted(tuple(p.shape) for p in net.parameters())
@@ -93,9 +92,8 @@ def test_unknown_operators_fix_the_channels_they_touch() -> None:
     widths = [v for v in sn.space.variables if v.kind == "width"]
     # Only mid's output can change: a/b feed a concat, out's channels are flattened with space.
     assert len(widths) == 1
-    (gname,) = widths[0].targets
     ops = {name: op for name, op in sn.operators()}
-    assert ops["mid"].out_group == gname and ops["out"].in_group == gname
+    assert ops["mid"].reads == {"out_channels": widths[0].name} and ops["out"].reads == {"in_channels": widths[0].name}
     assert "a" not in ops and "b" not in ops and "fc" not in ops  # bypassed: they stay static
 
 

@@ -55,8 +55,9 @@ def _subnet_convs(sn: at.SuperNet, arch) -> collections.Counter:
 def _plan_convs(plan: KernelPlan, arch) -> collections.Counter:
     arch = plan.sn.space.complete(arch)
     found = collections.Counter()
+    dropped = plan.dropped(arch)
     for g in plan.groups:
-        if not plan.kept(g.block, arch):
+        if g.block in dropped:
             continue
         for name in g.nodes:
             node = plan.by_name[name]

@@ -27,44 +27,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotailor.compiler.templates import BLOCK_VARIABLES, template_names, templates
+from autotailor.compiler.templates import template_names, templates
+from autotailor.compiler.variables import SCOPES, setting_kind, setting_keys
 from autotailor.errors import ConfigError
 
-DEFAULT_STAGE_WIDTH = (0.5, 0.75, 1.0)
-DEFAULT_GLOBAL_WIDTH = (0.75, 1.0)
-DEFAULT_DEPTH = (-2, -1, 0)
 STEP_TABLES = ("run", "train", "tune", "sensitivity", "search", "export")
 
 
 @dataclass(frozen=True)
 class TailorConfig:
-    """A validated configuration; ``None`` resolution means "derive from the example input"."""
+    """A validated configuration: per scope (``global_vars``, ``stage_vars``, ``block_vars``) the
+    choices given for each variable kind's key; what is not given takes the kind's default."""
 
     title: str = ""
     blocks: tuple[str, ...] | None = None
-    resolution: tuple[int, ...] | None = None
-    global_width: tuple[float, ...] = DEFAULT_GLOBAL_WIDTH
-    stage_width: tuple[float, ...] = DEFAULT_STAGE_WIDTH
-    reduce_depth: tuple[int, ...] = DEFAULT_DEPTH
-    block_vars: dict[str, dict[str, tuple]] = field(default_factory=dict)
+    global_vars: dict[str, tuple] = field(default_factory=dict)
+    stage_vars: dict[str, tuple] = field(default_factory=dict)
+    block_vars: dict[str, dict[str, tuple]] = field(default_factory=dict)  # template -> key -> choices
     # Later steps' tables ([tune], ...), kept as written; each step validates its own.
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def block_choices(self, template: str, variable: str) -> tuple:
-        """Choices of ``variable`` for blocks of ``template``: configured, else the template's default."""
-        if variable in self.block_vars.get(template, {}):
-            return self.block_vars[template][variable]
-        return next(t.defaults[variable] for t in templates() if t.name == template)
+    def choices(self, scope: str, key: str) -> tuple | None:
+        """Choices of ``var.SCOPE.KEY``: configured, else its kind's default (None: from the model)."""
+        given = getattr(self, scope)
+        return given[key] if key in given else setting_kind(scope, key).default(scope)
+
+    def block_choices(self, template: str, key: str) -> tuple:
+        """Choices of ``key`` for blocks of ``template``: configured, else the template's
+        default, else the kind's."""
+        if key in self.block_vars.get(template, {}):
+            return self.block_vars[template][key]
+        t = next(t for t in templates() if t.name == template)
+        return t.defaults[key] if key in t.defaults else setting_kind("block_vars", key).default("block_vars")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "title": self.title,
             "blocks": list(self.blocks) if self.blocks is not None else None,
-            "resolution": list(self.resolution) if self.resolution is not None else None,
-            "global_width": list(self.global_width),
-            "stage_width": list(self.stage_width),
-            "reduce_depth": list(self.reduce_depth),
-            "block_vars": {t: {k: list(v) for k, v in vs.items()} for t, vs in self.block_vars.items()},
+            "var": {"global_vars": {k: list(v) for k, v in self.global_vars.items()},
+                    "stage_vars": {k: list(v) for k, v in self.stage_vars.items()},
+                    "block_vars": {t: {k: list(v) for k, v in vs.items()} for t, vs in self.block_vars.items()}},
             **self.steps,
         }
 
@@ -100,23 +102,6 @@ def _check_keys(where: str, table: dict, allowed: tuple[str, ...], prefix: str) 
             raise ConfigError(f"{where}: unknown key '{prefix}{key}'; allowed keys are {', '.join(allowed)}")
 
 
-def _numbers(where: str, key: str, value: object, kind: type, check, rule: str) -> tuple:
-    if not isinstance(value, list) or not value:
-        raise _allowed(where, key, value, f"a non-empty list of {rule}")
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-            raise _allowed(where, key, value, f"a list of {rule}")
-        if not check(v):
-            raise _allowed(where, key, value, f"a list of {rule}")
-        out.append(kind(v))
-    return tuple(sorted(set(out)))
-
-
-def _ratios(where: str, key: str, value: object) -> tuple[float, ...]:
-    return _numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
-
-
 def _from_dict(data: dict, where: str) -> TailorConfig:
     _check_keys(where, data, ("title", "arch", "var", *STEP_TABLES), "")
     steps = {k: data[k] for k in STEP_TABLES if k in data}
@@ -128,7 +113,7 @@ def _from_dict(data: dict, where: str) -> TailorConfig:
     if not isinstance(arch, dict) or not isinstance(var, dict):
         raise ConfigError(f"{where}: [arch] and [var] must be tables")
     _check_keys(where, arch, ("blocks",), "arch.")
-    _check_keys(where, var, ("global_vars", "stage_vars", "block_vars"), "var.")
+    _check_keys(where, var, SCOPES, "var.")
     names = template_names()
     blocks = None
     if "blocks" in arch:
@@ -136,26 +121,14 @@ def _from_dict(data: dict, where: str) -> TailorConfig:
         if not isinstance(blocks, list) or any(b not in names for b in blocks):
             raise _allowed(where, "arch.blocks", blocks, f"a list of template names from {names}")
         blocks = tuple(blocks)
-    g = var.get("global_vars", {})
-    s = var.get("stage_vars", {})
-    b = var.get("block_vars", {})
-    _check_keys(where, g, ("resolution", "width_ratio"), "var.global_vars.")
-    _check_keys(where, s, ("reduce_depth", "width_ratio"), "var.stage_vars.")
-    resolution = None
-    if "resolution" in g:
-        resolution = _numbers(where, "var.global_vars.resolution", g["resolution"], int, lambda v: v > 0, "positive integers")
-    kwargs: dict[str, Any] = {}
-    if "width_ratio" in g:
-        kwargs["global_width"] = _ratios(where, "var.global_vars.width_ratio", g["width_ratio"])
-    if "width_ratio" in s:
-        kwargs["stage_width"] = _ratios(where, "var.stage_vars.width_ratio", s["width_ratio"])
-    if "reduce_depth" in s:
-        kwargs["reduce_depth"] = _numbers(
-            where, "var.stage_vars.reduce_depth", s["reduce_depth"], int, lambda v: v <= 0, "integers <= 0"
-        )
+    scoped: dict[str, dict] = {}
+    for scope in ("global_vars", "stage_vars"):
+        table = var.get(scope, {})
+        _check_keys(where, table, setting_keys(scope), f"var.{scope}.")
+        scoped[scope] = {k: setting_kind(scope, k).check(where, f"var.{scope}.{k}", v) for k, v in table.items()}
     block_vars: dict[str, dict[str, tuple]] = {}
     flat: dict[str, object] = {}
-    for key, value in b.items():  # TOML turns `A.b = [...]` into {"A": {"b": [...]}}
+    for key, value in var.get("block_vars", {}).items():  # TOML turns `A.b = [...]` into {"A": {"b": [...]}}
         if isinstance(value, dict):
             flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
@@ -164,18 +137,13 @@ def _from_dict(data: dict, where: str) -> TailorConfig:
         tname, _, vname = key.partition(".")
         if tname not in names:
             raise ConfigError(f"{where}: unknown template in var.block_vars.{key}; templates are {', '.join(names)}")
-        if vname not in BLOCK_VARIABLES:
-            raise ConfigError(
-                f"{where}: unknown block variable var.block_vars.{key}; allowed: {', '.join(BLOCK_VARIABLES)}"
-            )
-        full = f"var.block_vars.{key}"
-        if vname == "expand_ratio":
-            choices = _ratios(where, full, value)
-        else:
-            choices = _numbers(where, full, value, int, lambda v: v >= 1 and v % 2 == 1, "odd kernel sizes >= 1")
-        block_vars.setdefault(tname, {})[vname] = choices
+        kind = setting_kind("block_vars", vname)
+        if kind is None:
+            raise ConfigError(f"{where}: unknown block variable var.block_vars.{key}; "
+                              f"allowed: {', '.join(setting_keys('block_vars'))}")
+        block_vars.setdefault(tname, {})[vname] = kind.check(where, f"var.block_vars.{key}", value)
     title = data.get("title", "")
     if not isinstance(title, str):
         raise _allowed(where, "title", title, "a string")
-    return TailorConfig(title=title, blocks=blocks, resolution=resolution, block_vars=block_vars, steps=steps,
-                        **kwargs)
+    return TailorConfig(title=title, blocks=blocks, global_vars=scoped["global_vars"], stage_vars=scoped["stage_vars"],
+                        block_vars=block_vars, steps=steps)

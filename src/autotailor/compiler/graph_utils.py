@@ -50,17 +50,18 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
         ) from exc
 
 
-def runs_at(gm: fx.GraphModule, example: torch.Tensor) -> bool:
-    """Whether ``gm`` accepts ``example``: checked on meta tensors (no arithmetic), or by one
-    real run for graphs that compute shapes from data."""
+def run_error(gm: fx.GraphModule, example: torch.Tensor) -> str | None:
+    """Why ``gm`` does not accept ``example`` (the first line of the error), or None if it does:
+    checked on meta tensors (no arithmetic), else by one real run for graphs that compute shapes
+    from data. Run through an ``Interpreter``, so torch.fx prints no traceback of its own."""
     try:
         run_meta(gm, example)
-        return True
+        return None
     except Exception:
         pass
     try:
         with torch.no_grad():
-            gm(example)
-        return True
-    except Exception:
-        return False
+            fx.Interpreter(gm).run(example)
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -18,16 +18,11 @@ from autotailor.compiler.structure import BlockInfo, math_target
 from autotailor.ir import handlers
 from autotailor.ir.ops.elementwise import MUL_TARGETS
 
-# Defaults every template starts from; a template overrides what suits it.
-DEFAULT_EXPAND = (0.25, 0.5, 0.75, 1.0)
-DEFAULT_KERNEL = (3, 5, 7)
-
-
 @dataclass(frozen=True)
 class Template:
     name: str
     match: Callable[["BlockView"], bool]
-    defaults: dict[str, tuple]  # block variable -> default choices
+    defaults: dict[str, tuple]  # block variable -> default choices, where they differ from the kind's
 
 
 @dataclass
@@ -57,16 +52,13 @@ class BlockView:
 
 
 _TEMPLATES: list[Template] = []
-BLOCK_VARIABLES = ("expand_ratio", "kernel_size")
 
 
 def template(name: str, **defaults: tuple) -> Callable[[Callable[[BlockView], bool]], Callable[[BlockView], bool]]:
     """Register a template ``name`` whose matcher is the decorated function."""
 
     def deco(match: Callable[[BlockView], bool]) -> Callable[[BlockView], bool]:
-        merged = {"expand_ratio": DEFAULT_EXPAND, "kernel_size": DEFAULT_KERNEL}
-        merged.update(defaults)
-        _TEMPLATES.append(Template(name, match, merged))
+        _TEMPLATES.append(Template(name, match, dict(defaults)))
         return match
 
     return deco

@@ -27,10 +27,10 @@ class Operator(nn.Module):
     """Mixin for TailorIR operators. ``feature.active`` drives ``forward``; ``feature.meta`` is fixed."""
 
     feature: Feature
-    # Channel groups (names) the operator's input / output channels belong to; set by the compiler.
-    in_group: str | None
-    out_group: str | None
-    # The feature fields that the input and the output channel group set.
+    # Feature field -> the variable that sets it (``in_channels`` -> ``stage2.width_ratio``),
+    # set by the compiler; the variable's kind says what each choice sets (``Variable.value``).
+    reads: dict[str, str]
+    # The feature fields that the input and the output channels set (width variables bind them).
     group_fields: ClassVar[tuple[str, str]]
 
     @classmethod
@@ -42,8 +42,7 @@ class Operator(nn.Module):
         op.__dict__["_parameters"] = dict(module._parameters)
         op.__dict__["_buffers"] = dict(module._buffers)
         op.__dict__["_modules"] = dict(module._modules)
-        op.in_group = None
-        op.out_group = None
+        op.reads = {}
         op.feature = Feature.of(op._meta_spec())
         return op
 
@@ -80,8 +79,7 @@ class DynParam(Operator):
         else:
             self.register_buffer("value", value)
         self.axis = axis
-        self.in_group = None
-        self.out_group = None
+        self.reads = {}
         self.feature = Feature.of(ParamSpec(value.shape[axis]))
 
     def forward(self) -> torch.Tensor:

@@ -17,19 +17,20 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from autotailor.compiler.channels import ChannelGroup, analyse_channels
+from autotailor.compiler.channels import analyse_channels
 from autotailor.compiler.config import TailorConfig, load_config
-from autotailor.compiler.graph_utils import propagate_shapes, runs_at
-from autotailor.ir.graph import get_attr, node_shape, set_attr
+from autotailor.compiler.graph_utils import propagate_shapes
 from autotailor.compiler.importance import reorder_channels
 from autotailor.compiler.normalize import lift_functional_layers
 from autotailor.compiler.structure import BlockInfo, Structure, parse_structure
 from autotailor.compiler.templates import match
+from autotailor.compiler.variables import Binding, PlanContext, Variable, kinds
 from autotailor.errors import GraphError, ModelLoadError
 from autotailor.frontends import import_onnx, load_model, trace
-from autotailor.ir import Block, DynParam, for_module
+from autotailor.ir import Block, DynParam, Operator
 from autotailor.ir import lift as lift_operator
-from autotailor.supernet.space import Space, StageInfo, Variable
+from autotailor.ir.graph import get_attr, node_shape, set_attr
+from autotailor.supernet.space import Space, StageInfo
 from autotailor.supernet.supernet import SuperNet
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,12 @@ def compile(  # noqa: A001 - the public name the API promises
     groups = analyse_channels(gm)
     structure = parse_structure(gm)
     plan = _plan(gm, groups, structure, cfg, example)
-    reorder_channels(gm, list(plan.variable_groups.values()))
+    reorder_channels(gm, plan.reorder)
     _lift(gm, plan)
     _outline(gm, plan)
     _unshare(gm, model)
     space = Space(plan.variables, plan.stages)
-    sn = SuperNet(gm, space, plan.widths, plan.block_templates, example_shape=tuple(example.shape), config=cfg)
+    sn = SuperNet(gm, space, plan.block_templates, example_shape=tuple(example.shape), config=cfg)
     sn.train(training)
     sn.compile_info = {
         "source": source,
@@ -77,7 +78,7 @@ def compile(  # noqa: A001 - the public name the API promises
             for b in structure.blocks
         ],
         "stages": structure.stages,
-        "groups": {"total": len(groups), "variable": len(plan.variable_groups)},
+        "groups": {"total": len(groups), "variable": len(plan.reorder)},
     }
     log.info("compiled %s in %.2fs: %d variables, 10^%.1f SubNets", source, sn.compile_info["seconds"],
              len(space), space.log10_size)
@@ -145,208 +146,50 @@ def _check_classifier(gm: fx.GraphModule) -> None:
 class _Plan:
     variables: list[Variable]
     stages: list[StageInfo]
-    variable_groups: dict[str, ChannelGroup]  # group name -> group
-    widths: dict[str, tuple[tuple, tuple[int, ...]]]  # width variable -> (ratios, channels)
-    kernel_ops: dict[str, str]  # conv node name -> kernel variable
+    bindings: list[Binding]
+    reorder: list  # channel groups of the width variables
     droppable: list[BlockInfo]  # blocks to outline (in stages that have a depth variable)
     block_templates: dict[int, str]
 
 
-def _channels(ratio: float, size: int, granularity: int) -> int:
-    k = round(ratio * size / granularity) * granularity
-    return min(size, max(granularity, k))
-
-
-def _width_choices(ratios: tuple[float, ...], group: ChannelGroup) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """Ratios and channel counts, keeping one ratio per distinct channel count; 1.0 is always in."""
-    kept: dict[int, float] = {}
-    for r in sorted(set(ratios) | {1.0}):
-        k = _channels(r, group.size, group.granularity)
-        kept.setdefault(k, r)
-    chans = sorted(kept)
-    chans[-1] = group.size
-    return tuple(kept[c] for c in chans[:-1]) + (1.0,), tuple(chans)
-
-
-def _resolutions(cfg: TailorConfig, gm: fx.GraphModule, example: torch.Tensor) -> tuple[int, ...]:
-    size = example.shape[-1]
-    if cfg.resolution is not None:
-        wanted = cfg.resolution
-    else:
-        q = 8 if size >= 64 else 4
-        wanted = tuple(sorted({max(q, round(size * f / 7 / q) * q) for f in (5, 6)} | {size}))
-    ok = []
-    for r in wanted:
-        probe = example[:1].new_zeros(1, example.shape[1], r, r)
-        if r == size or runs_at(gm, probe):
-            ok.append(r)
-        else:
-            log.warning("resolution %d dropped: the model does not run at %dx%d", r, r, r)
-    if not ok:
-        raise GraphError(f"the model runs at none of the configured resolutions {list(wanted)}")
-    return tuple(ok)
-
-
-def _plan(gm: fx.GraphModule, groups: list[ChannelGroup], st: Structure, cfg: TailorConfig,
-          example: torch.Tensor) -> _Plan:
+def _plan(gm: fx.GraphModule, groups: list, st: Structure, cfg: TailorConfig, example: torch.Tensor) -> _Plan:
+    """Templates matched to blocks, then every variable kind's variables, in registration order."""
     allowed = set(cfg.blocks) if cfg.blocks is not None else None
-    block_of: dict[str, int] = {n.name: b.index for b in st.blocks for n in b.nodes}
     for b in st.blocks:
         t = match(gm, b, allowed)
         b.template = t.name if t else ""
-    nodes = {n.name: n for n in gm.graph.nodes}
-    depth_choices = {}
-    for s, members in enumerate(st.stages):
-        n = len(members) - 1
-        choices = tuple(sorted({max(d, -n) for d in cfg.reduce_depth} | {0})) if n else (0,)
-        depth_choices[s] = choices
-    has_depth = {s for s, c in depth_choices.items() if len(c) > 1}
-
-    def blocks_of(member_nodes: list[str]) -> set[int]:
-        found = set()
-        for name in member_nodes:
-            # A node outside every block (a parameter, or a constant computation such as Swin
-            # V2's position-bias MLP) belongs where the values it feeds are used.
-            stack, seen = [nodes[name]], set()
-            while stack:
-                node = stack.pop()
-                if node.name in block_of:
-                    found.add(block_of[node.name])
-                    continue
-                for u in node.users:
-                    if u not in seen:
-                        seen.add(u)
-                        stack.append(u)
-        return found
-
-    variables: list[Variable] = []
-    resolutions = _resolutions(cfg, gm, example)
-    if len(resolutions) > 1:
-        variables.append(Variable("resolution", "resolution", resolutions))
-    for s, choices in depth_choices.items():
-        if s in has_depth:
-            variables.append(Variable(f"stage{s}.reduce_depth", "depth", choices, (f"stage{s}",), stage=s))
-
-    widths: dict[str, tuple[tuple, tuple[int, ...]]] = {}
-    variable_groups: dict[str, ChannelGroup] = {}
-    counters: dict[str, int] = {}
-
-    def name_for(base: str) -> str:
-        k = counters.get(base, 0)
-        counters[base] = k + 1
-        return base if k == 0 else f"{base}#{k}"
-
-    def droppable_block(b: int) -> int | None:
-        blk = st.blocks[b]
-        return b if blk.droppable and blk.stage in has_depth else None
-
-    for group in groups:
-        if not group.variable:
-            continue
-        all_blocks = blocks_of([m.node for m in group.members])
-        own_blocks = blocks_of([m.node for m in group.members if m.role != "in"])
-        own_stages = {st.blocks[b].stage for b in own_blocks}
-        if len(all_blocks) == 1:
-            (b,) = all_blocks
-            template = st.blocks[b].template
-            ratios = cfg.block_choices(template, "expand_ratio") if template else (1.0,)
-            name, block = f"block{b}.expand_ratio", droppable_block(b)
-        elif len(own_stages) == 1:
-            (s,) = own_stages
-            ratios, name, block = cfg.stage_width, f"stage{s}.width_ratio", None
-        else:
-            ratios, name, block = cfg.global_width, "width_ratio", None
-        choices, chans = _width_choices(tuple(ratios), group)
-        if len(choices) < 2:
-            continue
-        name = name_for(name)
-        gname = f"g{len(variable_groups)}"
-        variable_groups[gname] = group
-        widths[name] = (choices, chans)
-        variables.append(Variable(name, "width", choices, (gname,), block=block))
-
-    kernel_ops: dict[str, str] = {}
-    for b in st.blocks:
-        if not b.template:
-            continue
-        wanted = cfg.block_choices(b.template, "kernel_size")
-        for node in b.nodes:
-            conv = gm.get_submodule(node.target) if node.op == "call_module" else None
-            if not _croppable_depthwise(conv):
-                continue
-            k = conv.kernel_size[0]
-            choices = tuple(sorted({c for c in wanted if c <= k and c % 2 == 1} | {k}))
-            if len(choices) < 2:
-                continue
-            name = name_for(f"block{b.index}.kernel_size")
-            kernel_ops[node.name] = name
-            variables.append(Variable(name, "kernel", choices, (node.name,), block=droppable_block(b.index)))
-
+    ctx = PlanContext(gm, groups, st, cfg, example)
+    for k in kinds():
+        k.plan(ctx)
     stages = [StageInfo(m[0], tuple(m[1:])) for m in st.stages]
-    droppable = [b for b in st.blocks if droppable_block(b.index) is not None]
-    return _Plan(variables, stages, variable_groups, widths, kernel_ops, droppable,
-                 {b.index: b.template for b in st.blocks})
-
-
-def _croppable_depthwise(conv: object) -> bool:
-    """A depthwise conv with a square odd kernel and 'same' padding, which centre-cropping preserves."""
-    if not isinstance(conv, nn.Conv2d) or not (conv.groups == conv.in_channels == conv.out_channels > 1):
-        return False
-    k = conv.kernel_size
-    if k[0] != k[1] or k[0] < 3 or k[0] % 2 == 0 or conv.padding_mode != "zeros":
-        return False
-    if isinstance(conv.padding, str):
-        return conv.padding == "same"
-    return all(p == (k[0] // 2) * d for p, d in zip(conv.padding, conv.dilation))
+    droppable = [b for b in st.blocks if ctx.droppable_block(b.index) is not None]
+    return _Plan(ctx.variables, stages, ctx.bindings, ctx.reorder, droppable, {b.index: b.template for b in st.blocks})
 
 
 def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
-    """Replace the operators that a variable touches by dynamic operators, in place.
-
-    Nodes are mutated rather than replaced so that their names, which the plan refers to,
-    stay valid.
-    """
+    """Replace the operators that read a variable by dynamic operators, and record what they
+    read (``Operator.reads``), in place. Nodes are mutated rather than replaced so that their
+    names, which the plan refers to, stay valid."""
     nodes = {n.name: n for n in gm.graph.nodes}
-    lifted: dict[str, nn.Module] = {}
-
-    def lift(name: str) -> nn.Module:
-        if name in lifted:
-            return lifted[name]
-        node = nodes[name]
-        if node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            if for_module(mod).dynamic is None:
-                raise GraphError(f"{name}: {type(mod).__name__} has a channel rule but no dynamic operator")
-            op = lift_operator(mod)
-            set_attr(gm, node.target, op)
-        else:
-            raise GraphError(f"{name}: cannot lift {node.op} {node.target}")
-        lifted[name] = op
-        return op
-
-    for var in plan.variables:
-        if var.kind != "width":
-            continue
-        (gname,) = var.targets
-        for m in plan.variable_groups[gname].members:
-            node = nodes[m.node]
-            if m.role == "param":
+    lifted: dict[str, Operator] = {}
+    for b in plan.bindings:
+        op = lifted.get(b.node)
+        if op is None:
+            node = nodes[b.node]
+            if node.op == "get_attr":  # a parameter used elementwise: a module giving its active slice
                 target = f"lifted_{node.name}"
-                op = DynParam(get_attr(gm, node.target), m.axis)
+                op = DynParam(get_attr(gm, node.target), b.axis)
                 owner, _, attr = node.target.rpartition(".")
                 delattr(gm.get_submodule(owner) if owner else gm, attr)
                 gm.add_module(target, op)
                 node.op, node.target = "call_module", target
-                op.out_group = gname
-                continue
-            op = lift(m.node)
-            if m.role in ("in", "inout"):
-                op.in_group = gname
-            if m.role in ("out", "inout"):
-                op.out_group = gname
-    for node_name, var in plan.kernel_ops.items():
-        op = lift(node_name)
-        op.kernel_var = var
+            elif node.op == "call_module":
+                op = lift_operator(gm.get_submodule(node.target))
+                set_attr(gm, node.target, op)
+            else:
+                raise GraphError(f"{b.node}: cannot lift {node.op} {node.target}")
+            lifted[b.node] = op
+        op.reads[b.field] = b.var
     gm.graph.lint()
 
 

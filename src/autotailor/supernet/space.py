@@ -14,33 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from autotailor.compiler.variables import Variable, kind
 from autotailor.errors import ArchError
 
 Arch = dict[str, Any]
-
-KINDS = ("resolution", "depth", "width", "kernel")
-
-
-@dataclass(frozen=True)
-class Variable:
-    """One modification variable. ``choices`` ascend; the last is the largest architecture.
-
-    ``block`` is the droppable block the variable lives in, if it lives in one: when that
-    block is dropped the variable stops mattering, which ``Space.size`` accounts for.
-    ``targets`` are what the variable acts on (channel-group names, operator names or stage).
-    """
-
-    name: str
-    kind: str
-    choices: tuple
-    targets: tuple[str, ...] = ()
-    block: int | None = None
-    stage: int | None = None
-
-    @property
-    def largest(self) -> Any:
-        return self.choices[-1]
-
 
 @dataclass(frozen=True)
 class StageInfo:
@@ -58,9 +35,12 @@ class Space:
         self.stages = list(stages)
         self._by_name = {v.name: v for v in self.variables}
         if len(self._by_name) != len(self.variables):
-            raise ValueError("duplicate variable names")
+            dup = sorted({v.name for v in self.variables if sum(w.name == v.name for w in self.variables) > 1})
+            raise ArchError(f"duplicate variable names {dup}: every variable of a space needs its own name")
 
     def __getitem__(self, name: str) -> Variable:
+        if name not in self._by_name:
+            raise ArchError(f"no variable {name!r} in this space; it has {', '.join(list(self._by_name)[:6])}, ...")
         return self._by_name[name]
 
     def __contains__(self, name: str) -> bool:
@@ -77,12 +57,12 @@ class Space:
     @property
     def size(self) -> int:
         """Exact number of distinct SubNets (a dropped block's own choices do not count)."""
-        depth_var = {v.stage: v for v in self.variables if v.kind == "depth"}
+        depth_var = {v.stage: v for v in self.variables if kind(v.kind).drops_blocks}
         local: dict[int, int] = {}
         total = 1
         counted_blocks = {b for s, st in enumerate(self.stages) if s in depth_var for b in st.droppable}
         for v in self.variables:
-            if v.kind == "depth":
+            if kind(v.kind).drops_blocks:
                 continue
             if v.block is not None and v.block in counted_blocks:
                 local[v.block] = local.get(v.block, 1) * len(v.choices)
@@ -136,12 +116,13 @@ class Space:
         return full
 
     def dropped_blocks(self, arch: Arch) -> set[int]:
-        """The droppable blocks ``arch`` leaves out (``stageS.reduce_depth = -d`` drops the last d)."""
+        """The droppable blocks ``arch`` leaves out (a stage's depth choice -d drops its last d)."""
         out: set[int] = set()
-        for s, stage in enumerate(self.stages):
-            d = arch.get(f"stage{s}.reduce_depth", 0)
+        for v in self.variables:
+            d = arch.get(v.name, 0) if kind(v.kind).drops_blocks else 0
             if d:
-                out.update(stage.droppable[len(stage.droppable) + d:])
+                droppable = self.stages[v.stage].droppable
+                out.update(droppable[len(droppable) + d:])
         return out
 
     def canonical(self, arch: Arch) -> Arch:

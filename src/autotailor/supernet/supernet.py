@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,12 @@ import torch.nn as nn
 from autotailor.compiler.config import TailorConfig
 from autotailor.ir.graph import get_attr
 from autotailor.errors import ArchError, AutoTailorError
+from autotailor.files import atomic_write
 from autotailor.ir import Block, DynParam, Operator
 from autotailor.ir.shapes import deduce_shapes
 from autotailor.supernet.space import Arch, Space
 
-_FORMAT = "autotailor-supernet/1"
+_FORMAT = "autotailor-supernet/2"  # 2: operator handlers (ir/ops), variable kinds
 
 class SuperNet(nn.Module):
     """A compiled model whose SubNets share its weights.
@@ -29,8 +30,8 @@ class SuperNet(nn.Module):
     returns it as a plain module; ``space`` describes every SubNet.
     """
 
-    def __init__(self, net: fx.GraphModule, space: Space, widths: dict[str, tuple[tuple, tuple[int, ...]]],
-                 block_templates: dict[int, str], example_shape: tuple[int, ...], config: TailorConfig):
+    def __init__(self, net: fx.GraphModule, space: Space, block_templates: dict[int, str],
+                 example_shape: tuple[int, ...], config: TailorConfig):
         super().__init__()
         self.net = net
         self.space = space
@@ -38,8 +39,6 @@ class SuperNet(nn.Module):
         self.config = config
         self.block_templates = block_templates
         self.compile_info: dict[str, Any] = {}
-        # width variable -> {ratio: channels}
-        self._channels = {name: dict(zip(r, c)) for name, (r, c) in widths.items()}
         self._arch: Arch = space.max()
 
     # -- architecture ------------------------------------------------------------------------------
@@ -63,31 +62,27 @@ class SuperNet(nn.Module):
     def set_arch(self, arch: Arch) -> None:
         """Make ``arch`` the active SubNet (missing variables take their largest choice)."""
         arch = self.space.complete(arch)
-        group_width: dict[str, int] = {}
-        kernels: dict[str, int] = {}
-        for var in self.space.variables:
-            value = arch[var.name]
-            if var.kind == "width":
-                group_width[var.targets[0]] = self._channels[var.name][value]
-            elif var.kind == "kernel":
-                kernels[var.name] = value
         for _, op in self.operators():
-            in_field, out_field = op.group_fields
-            changes: dict[str, int] = {}
-            if op.in_group is not None:
-                changes[in_field] = group_width.get(op.in_group, getattr(op.feature.meta, in_field))
-            if op.out_group is not None:
-                changes[out_field] = group_width.get(op.out_group, getattr(op.feature.meta, out_field))
-            var = getattr(op, "kernel_var", None)
-            if var is not None:
-                changes["kernel_size"] = kernels.get(var, op.feature.meta.kernel_size)
             op.feature.reset()
-            if changes:
-                op.transform(**changes)
+            if op.reads:
+                op.transform(**{f: self.space[v].value(arch[v]) for f, v in op.reads.items()})
         dropped = self.space.dropped_blocks(arch)
         for block in self.blocks():
             block.transform(enabled=block.index not in dropped)
         self._arch = arch
+
+    @contextmanager
+    def using(self, arch: Arch | None) -> Iterator["SuperNet"]:
+        """Within the block, ``arch`` is the active SubNet (None: the active one stays); on exit
+        the architecture that was active before is restored, whatever happened."""
+        previous = self._arch
+        if arch is not None:
+            self.set_arch(arch)
+        try:
+            yield self
+        finally:
+            if arch is not None:
+                self.set_arch(previous)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -95,14 +90,8 @@ class SuperNet(nn.Module):
     def deduce_shapes(self, arch: Arch | None = None) -> dict[str, tuple[int, ...]]:
         """Every node's output shape for ``arch`` (default: the active one), deduced from the
         input shape by the operators' rules, without running the network."""
-        previous = self._arch
-        if arch is not None:
-            self.set_arch(arch)
-        try:
+        with self.using(arch):
             return deduce_shapes(self.net, self.input_shape())
-        finally:
-            if arch is not None:
-                self.set_arch(previous)
 
     # -- extraction ------------------------------------------------------------------------------------
     def extract(self, arch: Arch | None = None) -> fx.GraphModule:
@@ -111,10 +100,7 @@ class SuperNet(nn.Module):
         The result holds copies of the active weight slices and only torch layers and the
         model's own functions: it runs, exports and pickles without AutoTailor.
         """
-        previous = self._arch
-        if arch is not None:
-            self.set_arch(arch)
-        try:
+        with self.using(arch):
             root = nn.Module()
             graph = fx.Graph()
             used: set[str] = set()
@@ -132,28 +118,21 @@ class SuperNet(nn.Module):
             net = fx.GraphModule(copy.deepcopy(root), graph, class_name="SubNet")
             net.train(self.training)
             return net
-        finally:
-            if arch is not None:
-                self.set_arch(previous)
 
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         """Write the SuperNet (weights, space, structure) to ``path`` atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_write(path) as tmp:
             torch.save({"format": _FORMAT, "supernet": self}, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 def load(path: str | Path) -> SuperNet:
-    """Load a SuperNet written by ``SuperNet.save``."""
+    """Load a SuperNet written by ``SuperNet.save``, or the one of a work directory (``WORK/supernet.pt``)."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / "supernet.pt").is_file():
+            raise AutoTailorError(f"{path} holds no supernet.pt; run `autotailor compile MODEL --out {path}` first")
+        path = path / "supernet.pt"
     if not path.is_file():
         raise AutoTailorError(f"no SuperNet file at {path}")
     try:
@@ -161,7 +140,9 @@ def load(path: str | Path) -> SuperNet:
     except Exception as exc:
         raise AutoTailorError(f"{path} is not a SuperNet file: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
-        raise AutoTailorError(f"{path} is not a SuperNet file of format {_FORMAT}")
+        found = data.get("format") if isinstance(data, dict) else None
+        raise AutoTailorError(f"{path} is not a SuperNet file of format {_FORMAT}"
+                              + (f" but of {found}: compile the model again with this version" if found else ""))
     return data["supernet"]
 
 

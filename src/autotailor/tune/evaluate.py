@@ -26,29 +26,30 @@ def _norms(sn: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 @contextmanager
 def recalibrated(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
     """Within the block, ``sn`` runs ``arch`` with BatchNorm statistics estimated on ``batches``
-    (cumulative average, no gradient, dropout off); all buffers are restored on exit."""
+    (cumulative average, no gradient, dropout off); all buffers, the mode and the active
+    architecture are restored on exit."""
     norms = _norms(sn)
     saved = [(bn.momentum, {k: v.clone() for k, v in bn._buffers.items() if v is not None}) for bn in norms]
     was_training = sn.training
-    sn.set_arch(arch)
-    resolution = sn.input_shape()[-1]
-    try:
-        sn.eval()
-        for bn in norms:
-            bn.reset_running_stats()
-            bn.momentum = None  # cumulative moving average over the calibration batches
-            bn.train()
-        with torch.no_grad():
-            for x, _ in batches:
-                sn(at_resolution(x, resolution))
-        sn.eval()
-        yield
-    finally:
-        for bn, (momentum, buffers) in zip(norms, saved):
-            bn.momentum = momentum
-            for k, v in buffers.items():
-                bn._buffers[k].copy_(v)
-        sn.train(was_training)
+    with sn.using(arch):
+        resolution = sn.input_shape()[-1]
+        try:
+            sn.eval()
+            for bn in norms:
+                bn.reset_running_stats()
+                bn.momentum = None  # cumulative moving average over the calibration batches
+                bn.train()
+            with torch.no_grad():
+                for x, _ in batches:
+                    sn(at_resolution(x, resolution))
+            sn.eval()
+            yield
+        finally:
+            for bn, (momentum, buffers) in zip(norms, saved):
+                bn.momentum = momentum
+                for k, v in buffers.items():
+                    bn._buffers[k].copy_(v)
+            sn.train(was_training)
 
 
 def evaluate(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -71,8 +72,8 @@ def evaluate(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor, tor
         if calibration is not None:
             with recalibrated(sn, arch, calibration):
                 return run()
-        sn.set_arch(arch)
-        sn.eval()
-        return run()
+        with sn.using(arch):
+            sn.eval()
+            return run()
     finally:
         sn.train(was_training)

@@ -123,7 +123,7 @@ class Tuner:
         archs = self.sample(step)
         total = 0.0
         teacher = None
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(), self.sn.using(self.sn.arch):
             torch.manual_seed(hash((self.config.seed, step)) % (2**63))
             for j, arch in enumerate(archs):
                 self.sn.set_arch(arch)
@@ -140,7 +140,6 @@ class Tuner:
             total = self._average_across_processes(total)
         self.optimizer.step()
         self.schedule.step()
-        self.sn.set_arch(self.sn.space.max())
         return StepResult(step, total, len(y) * len(archs))
 
     def _average_across_processes(self, loss: float) -> float:

@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from autotailor.compiler.variables import kind
 from autotailor.errors import AutoTailorError
 from autotailor.ir import Block, DynParam, Operator
 from autotailor.ir.graph import get_attr
@@ -102,7 +103,7 @@ def flatten(sn: SuperNet) -> list[Node]:
                 handler = for_module(mod)
                 nodes.append(Node(
                     name, handler.kind(mod), handler.describe(mod), inputs, block, prefix,
-                    kernel_var=getattr(mod, "kernel_var", None) if isinstance(mod, Operator) else None,
+                    kernel_var=mod.reads.get("kernel_size") if isinstance(mod, Operator) else None,
                     handler=handler, facts=handler.facts(mod), fx_node=n, owner=gm, args_map=args_map))
             elif n.op == "get_attr":
                 const_names.add(name)
@@ -144,7 +145,7 @@ class ShapeModel:
         # node -> width variable -> choice -> [(dim, factor)]: how the variable scales its dims
         self.factors: dict[str, dict[str, dict[Any, list[tuple[int, float]]]]] = {name: {} for name in ref}
         for var in sn.space.variables:
-            if var.kind != "width":
+            if not kind(var.kind).probe_shapes:
                 continue
             for c in var.choices[:-1]:
                 probe = _deduce(sn, {**top, var.name: c})
@@ -152,7 +153,6 @@ class ShapeModel:
                     changed = [(d, a / b) for d, (a, b) in enumerate(zip(shape, ref[name])) if a != b]
                     if changed:
                         self.factors[name].setdefault(var.name, {})[c] = changed
-        sn.set_arch(top)
         self.res_dep = {name: len({self.base[r][name] for r in self.resolutions}) > 1 for name in ref}
 
     def shape(self, name: str, arch: Arch) -> Shape:
@@ -172,16 +172,16 @@ class ShapeModel:
 
 def _deduce(sn: SuperNet, arch: Arch) -> dict[str, Shape]:
     """Shapes of every node (flattened names) of ``arch`` with every block kept."""
-    sn.set_arch(arch)
-    for b in sn.blocks():
-        b.transform(enabled=True)
     shapes: dict[str, Shape] = {}
 
     def record(prefix: str, n: fx.Node, value: Any) -> None:
         if isinstance(value, torch.Tensor):
             shapes[prefix + n.name] = tuple(value.shape)
 
-    run_meta(sn.net, torch.empty(sn.input_shape(), device="meta"), record)
+    with sn.using(arch):
+        for b in sn.blocks():
+            b.transform(enabled=True)
+        run_meta(sn.net, torch.empty(sn.input_shape(), device="meta"), record)
     return shapes
 
 
@@ -311,8 +311,6 @@ class KernelPlan:
         self.nodes = flatten(sn)
         self.by_name = {n.name: n for n in self.nodes}
         self.shapes = ShapeModel(sn)
-        self._stage_of_block = {b: (s, j, len(st.droppable)) for s, st in enumerate(sn.space.stages)
-                                for j, b in enumerate(st.droppable)}
         self.groups: list[KernelGroup] = []
         self.kernels: list[Kernel] = []
         self._ids: dict[str, int] = {}
@@ -370,13 +368,6 @@ class KernelPlan:
         return self._params.get(group.index, [])
 
     # -- SubNets ---------------------------------------------------------------------------------
-    def kept(self, block: int | None, arch: Arch) -> bool:
-        """Whether ``block`` (None: outside every droppable block) runs in SubNet ``arch``."""
-        if block is None or block not in self._stage_of_block:
-            return True
-        s, j, n = self._stage_of_block[block]
-        return j < n + arch.get(f"stage{s}.reduce_depth", 0)
-
     def dropped(self, arch: Arch) -> set[int]:
         """The droppable blocks SubNet ``arch`` leaves out."""
         return self.sn.space.dropped_blocks(arch)
@@ -384,19 +375,16 @@ class KernelPlan:
     def kernel_ids(self, arch: Arch) -> list[int]:
         """The kernels SubNet ``arch`` runs (with repetition), in execution order."""
         arch = self.sn.space.complete(arch)
-        return [g.table[tuple(arch[v] for v in g.variables)] for g in self.groups if self.kept(g.block, arch)]
+        dropped = self.dropped(arch)
+        return [g.table[tuple(arch[v] for v in g.variables)] for g in self.groups if g.block not in dropped]
 
     # -- profiling -------------------------------------------------------------------------------
     def example(self, kernel: Kernel) -> tuple[nn.Module, list[Shape]]:
         """A standalone module computing ``kernel`` (weights copied from the SuperNet) and its input shapes."""
         group = self.groups[kernel.group]
         arch = {**self.sn.space.max(), **dict(zip(group.variables, kernel.choices))}
-        previous = self.sn.arch
-        self.sn.set_arch(arch)
-        try:
+        with self.sn.using(arch):
             return _extract(self, group, arch), [self.shapes.shape(i, arch) for i in group.inputs]
-        finally:
-            self.sn.set_arch(previous)
 
 
 def _extract(plan: KernelPlan, group: KernelGroup, arch: Arch) -> fx.GraphModule:

@@ -1,0 +1,369 @@
+"""Variable kinds: each search dimension (resolution, depth, width, kernel, ...) is one registered
+``VariableKind`` that holds everything about it:
+
+* its configuration keys (``var.global_vars.width_ratio``, ...), their validation and defaults
+  (``settings``, ``check``, ``default``);
+* how it finds its variables in a compiled graph and which operator fields read them
+  (``plan``, writing ``Variable``s and ``Binding``s into a ``PlanContext``);
+* what a choice sets on an operator field (``value``), whether it drops blocks
+  (``drops_blocks``) and whether it scales tensor dimensions by a factor per choice
+  (``probe_shapes``: the latency model deduces shapes once per choice of such variables;
+  the resolution, the input itself, is deduced per choice anyway).
+
+Operators do not know kinds: an operator's ``reads`` maps its feature fields to variable names,
+and ``SuperNet.set_arch`` asks each variable's kind for the value. Adding a dimension is one
+subclass decorated with ``@register_kind``, placed after the kinds whose variables it follows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from autotailor.errors import ConfigError, GraphError
+
+log = logging.getLogger(__name__)
+
+SCOPES = ("global_vars", "stage_vars", "block_vars")
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One modification variable. ``choices`` ascend; the last is the largest architecture.
+
+    ``values`` are what each choice sets on the operators that read the variable (channel
+    counts of a width ratio), when they differ from the choices. ``block`` is the droppable
+    block the variable lives in, if it lives in one: when that block is dropped the variable
+    stops mattering, which ``Space.size`` accounts for; ``stage`` the stage a depth variable
+    shortens. ``targets`` say what it acts on (channel-group or operator names), for people.
+    """
+
+    name: str
+    kind: str
+    choices: tuple
+    targets: tuple[str, ...] = ()
+    block: int | None = None
+    stage: int | None = None
+    values: tuple = ()
+
+    @property
+    def largest(self) -> Any:
+        return self.choices[-1]
+
+    def value(self, choice: Any) -> Any:
+        """What ``choice`` sets on the operators that read this variable."""
+        return self.values[self.choices.index(choice)] if self.values else choice
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Operator field ``field`` of graph node ``node`` reads variable ``var``. A ``get_attr``
+    node (a parameter used elementwise) becomes a ``DynParam`` sliced along ``axis``."""
+
+    node: str
+    field: str
+    var: str
+    axis: int = 0
+
+
+@dataclass
+class PlanContext:
+    """What kinds plan from (the traced graph, its channel groups, structure and the config) and
+    what they plan (variables, bindings, channel groups to reorder, blocks that can be dropped)."""
+
+    gm: fx.GraphModule
+    groups: list
+    structure: Any
+    config: Any
+    example: torch.Tensor
+    variables: list[Variable] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=list)
+    reorder: list = field(default_factory=list)  # channel groups to order by importance
+    depth_stages: set[int] = field(default_factory=set)  # stages whose last blocks can be dropped
+    _counters: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.nodes = {n.name: n for n in self.gm.graph.nodes}
+        self.block_of = {n.name: b.index for b in self.structure.blocks for n in b.nodes}
+
+    def name_for(self, base: str) -> str:
+        """``base``, or ``base#k`` for its k-th repetition (two kernels in one block)."""
+        k = self._counters.get(base, 0)
+        self._counters[base] = k + 1
+        return base if k == 0 else f"{base}#{k}"
+
+    def droppable_block(self, b: int) -> int | None:
+        """``b`` if a depth variable can drop it, else None."""
+        blk = self.structure.blocks[b]
+        return b if blk.droppable and blk.stage in self.depth_stages else None
+
+    def blocks_of(self, member_nodes: list[str]) -> set[int]:
+        """The blocks the nodes belong to. A node outside every block (a parameter, or a constant
+        computation such as Swin V2's position-bias MLP) belongs where the values it feeds are used."""
+        found = set()
+        for name in member_nodes:
+            stack, seen = [self.nodes[name]], set()
+            while stack:
+                node = stack.pop()
+                if node.name in self.block_of:
+                    found.add(self.block_of[node.name])
+                    continue
+                for u in node.users:
+                    if u not in seen:
+                        seen.add(u)
+                        stack.append(u)
+        return found
+
+
+class VariableKind:
+    """One kind of modification variable (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    settings: ClassVar[dict[str, str]] = {}  # config scope -> key
+    drops_blocks: ClassVar[bool] = False
+    probe_shapes: ClassVar[bool] = False
+
+    def default(self, scope: str) -> tuple | None:
+        """Default choices in ``scope`` (None: derived from the model)."""
+        raise NotImplementedError
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        """``value`` validated and sorted, or a ``ConfigError`` naming ``key`` and what is allowed."""
+        raise NotImplementedError
+
+    def plan(self, ctx: PlanContext) -> None:
+        """Add this kind's variables (and the bindings of the operators that read them) to ``ctx``."""
+        raise NotImplementedError
+
+
+_KINDS: dict[str, VariableKind] = {}
+
+
+def register_kind(cls: type[VariableKind]) -> type[VariableKind]:
+    """Register one instance of ``cls``; kinds plan in registration order."""
+    _KINDS[cls.name] = cls()
+    return cls
+
+
+def kinds() -> list[VariableKind]:
+    return list(_KINDS.values())
+
+
+def kind(name: str) -> VariableKind:
+    if name not in _KINDS:
+        raise ConfigError(f"unknown variable kind {name!r}; known: {', '.join(_KINDS)}")
+    return _KINDS[name]
+
+
+def setting_kind(scope: str, key: str) -> VariableKind | None:
+    """The kind configured by ``var.SCOPE.KEY`` (for block_vars, ``KEY`` without the template)."""
+    return next((k for k in _KINDS.values() if k.settings.get(scope) == key), None)
+
+
+def setting_keys(scope: str) -> tuple[str, ...]:
+    return tuple(k.settings[scope] for k in _KINDS.values() if scope in k.settings)
+
+
+def _invalid(where: str, key: str, value: object, allowed: str) -> ConfigError:
+    return ConfigError(f"{where}: {key} = {value!r} is not allowed; expected {allowed}")
+
+
+def numbers(where: str, key: str, value: object, kind: type, check, rule: str) -> tuple:
+    """A non-empty list of ``kind`` passing ``check``, as a sorted tuple without repeats."""
+    if not isinstance(value, list) or not value:
+        raise _invalid(where, key, value, f"a non-empty list of {rule}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+            raise _invalid(where, key, value, f"a list of {rule}")
+        if not check(v):
+            raise _invalid(where, key, value, f"a list of {rule}")
+        out.append(kind(v))
+    return tuple(sorted(set(out)))
+
+
+# -- the kinds AutoTailor ships ---------------------------------------------------------------------
+@register_kind
+class Resolution(VariableKind):
+    """The input resolution. By default 5/7, 6/7 and 7/7 of the example's side; a resolution
+    the model does not run at is dropped with a warning."""
+
+    name = "resolution"
+    settings = {"global_vars": "resolution"}
+
+    def default(self, scope: str) -> tuple | None:
+        return None
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        return numbers(where, key, value, int, lambda v: v > 0, "positive integers")
+
+    def plan(self, ctx: PlanContext) -> None:
+        from autotailor.compiler.graph_utils import run_error
+
+        size = ctx.example.shape[-1]
+        wanted = ctx.config.choices("global_vars", "resolution")
+        if wanted is None:
+            q = 8 if size >= 64 else 4
+            wanted = tuple(sorted({max(q, round(size * f / 7 / q) * q) for f in (5, 6)} | {size}))
+        ok, dropped = [], {}
+        for r in wanted:
+            error = None if r == size else run_error(ctx.gm, ctx.example[:1].new_zeros(1, ctx.example.shape[1], r, r))
+            if error is None:
+                ok.append(r)
+            else:
+                dropped[r] = error
+        if dropped:
+            log.warning("resolution(s) %s dropped: the model does not run at them (%s)", list(dropped),
+                        "; ".join(f"{r}: {e}" for r, e in dropped.items()))
+        if not ok:
+            raise GraphError(f"the model runs at none of the configured resolutions {list(wanted)}")
+        if len(ok) > 1:
+            ctx.variables.append(Variable("resolution", "resolution", tuple(ok)))
+
+
+@register_kind
+class Depth(VariableKind):
+    """How many trailing droppable blocks of a stage are left out (0, -1, -2, ...)."""
+
+    name = "depth"
+    settings = {"stage_vars": "reduce_depth"}
+    drops_blocks = True
+
+    def default(self, scope: str) -> tuple:
+        return (-2, -1, 0)
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        return numbers(where, key, value, int, lambda v: v <= 0, "integers <= 0")
+
+    def plan(self, ctx: PlanContext) -> None:
+        wanted = ctx.config.choices("stage_vars", "reduce_depth")
+        for s, members in enumerate(ctx.structure.stages):
+            n = len(members) - 1
+            choices = tuple(sorted({max(d, -n) for d in wanted} | {0})) if n else (0,)
+            if len(choices) > 1:
+                ctx.depth_stages.add(s)
+                ctx.variables.append(Variable(f"stage{s}.reduce_depth", "depth", choices, (f"stage{s}",), stage=s))
+
+
+def _channels(ratio: float, size: int, granularity: int) -> int:
+    k = round(ratio * size / granularity) * granularity
+    return min(size, max(granularity, k))
+
+
+def width_choices(ratios: tuple[float, ...], size: int, granularity: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Ratios and channel counts, keeping one ratio per distinct channel count; 1.0 is always in."""
+    kept: dict[int, float] = {}
+    for r in sorted(set(ratios) | {1.0}):
+        kept.setdefault(_channels(r, size, granularity), r)
+    chans = sorted(kept)
+    chans[-1] = size
+    return tuple(kept[c] for c in chans[:-1]) + (1.0,), tuple(chans)
+
+
+@register_kind
+class Width(VariableKind):
+    """The channels of a channel group, as a ratio of its largest: a block's own
+    (``expand_ratio``), a stage's (the residual stream its blocks share) or the network's
+    (stems and heads). The first k channels are kept after importance reordering."""
+
+    name = "width"
+    settings = {"global_vars": "width_ratio", "stage_vars": "width_ratio", "block_vars": "expand_ratio"}
+    probe_shapes = True
+    _DEFAULTS = {"global_vars": (0.75, 1.0), "stage_vars": (0.5, 0.75, 1.0), "block_vars": (0.25, 0.5, 0.75, 1.0)}
+
+    def default(self, scope: str) -> tuple:
+        return self._DEFAULTS[scope]
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        return numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
+
+    def plan(self, ctx: PlanContext) -> None:
+        from autotailor.ir import for_module
+
+        st, cfg = ctx.structure, ctx.config
+        for group in ctx.groups:
+            if not group.variable:
+                continue
+            all_blocks = ctx.blocks_of([m.node for m in group.members])
+            own_stages = {st.blocks[b].stage for b in ctx.blocks_of([m.node for m in group.members if m.role != "in"])}
+            if len(all_blocks) == 1:
+                (b,) = all_blocks
+                template = st.blocks[b].template
+                ratios = cfg.block_choices(template, "expand_ratio") if template else (1.0,)
+                name, block = f"block{b}.expand_ratio", ctx.droppable_block(b)
+            elif len(own_stages) == 1:
+                (s,) = own_stages
+                ratios, name, block = cfg.choices("stage_vars", "width_ratio"), f"stage{s}.width_ratio", None
+            else:
+                ratios, name, block = cfg.choices("global_vars", "width_ratio"), "width_ratio", None
+            choices, chans = width_choices(tuple(ratios), group.size, group.granularity)
+            if len(choices) < 2:
+                continue
+            name = ctx.name_for(name)
+            ctx.reorder.append(group)
+            ctx.variables.append(Variable(name, "width", choices, (f"g{len(ctx.reorder) - 1}",), block=block,
+                                          values=chans))
+            for m in group.members:
+                node = ctx.nodes[m.node]
+                if m.role == "param":
+                    ctx.bindings.append(Binding(m.node, "size", name, m.axis))
+                    continue
+                dyn = for_module(ctx.gm.get_submodule(node.target)).dynamic
+                if dyn is None:
+                    raise GraphError(f"{m.node}: {type(ctx.gm.get_submodule(node.target)).__name__} has a channel "
+                                     "rule but no dynamic operator")
+                in_field, out_field = dyn.group_fields
+                if m.role in ("in", "inout"):
+                    ctx.bindings.append(Binding(m.node, in_field, name))
+                if m.role in ("out", "inout"):
+                    ctx.bindings.append(Binding(m.node, out_field, name))
+
+
+def croppable_depthwise(conv: object) -> bool:
+    """A depthwise conv with a square odd kernel and 'same' padding, which centre-cropping preserves."""
+    if not isinstance(conv, nn.Conv2d) or not (conv.groups == conv.in_channels == conv.out_channels > 1):
+        return False
+    k = conv.kernel_size
+    if k[0] != k[1] or k[0] < 3 or k[0] % 2 == 0 or conv.padding_mode != "zeros":
+        return False
+    if isinstance(conv.padding, str):
+        return conv.padding == "same"
+    return all(p == (k[0] // 2) * d for p, d in zip(conv.padding, conv.dilation))
+
+
+@register_kind
+class Kernel(VariableKind):
+    """The kernel size of a depthwise convolution, centre-cropped (odd sizes up to its own)."""
+
+    name = "kernel"
+    settings = {"block_vars": "kernel_size"}
+
+    def default(self, scope: str) -> tuple:
+        return (3, 5, 7)
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        return numbers(where, key, value, int, lambda v: v >= 1 and v % 2 == 1, "odd kernel sizes >= 1")
+
+    def plan(self, ctx: PlanContext) -> None:
+        for b in ctx.structure.blocks:
+            if not b.template:
+                continue
+            wanted = ctx.config.block_choices(b.template, "kernel_size")
+            for node in b.nodes:
+                conv = ctx.gm.get_submodule(node.target) if node.op == "call_module" else None
+                if not croppable_depthwise(conv):
+                    continue
+                k = conv.kernel_size[0]
+                choices = tuple(sorted({c for c in wanted if c <= k and c % 2 == 1} | {k}))
+                if len(choices) < 2:
+                    continue
+                name = ctx.name_for(f"block{b.index}.kernel_size")
+                ctx.variables.append(Variable(name, "kernel", choices, (node.name,),
+                                              block=ctx.droppable_block(b.index)))
+                ctx.bindings.append(Binding(node.name, "kernel_size", name))
+
