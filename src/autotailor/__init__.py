@@ -7,12 +7,16 @@
 
 from autotailor.compiler.config import TailorConfig, load_config
 from autotailor.errors import (
+    AccuracyPredictorError,
     ArchError,
     AutoTailorError,
     ConfigError,
+    DataError,
     ExportError,
     GraphError,
+    LatencyError,
     ModelLoadError,
+    SearchError,
     TraceError,
 )
 from autotailor.supernet import Arch, Space, SuperNet, Variable, compile, load
@@ -20,13 +24,17 @@ from autotailor.supernet import Arch, Space, SuperNet, Variable, compile, load
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccuracyPredictorError",
     "Arch",
     "ArchError",
     "AutoTailorError",
     "ConfigError",
+    "DataError",
     "ExportError",
     "GraphError",
+    "LatencyError",
     "ModelLoadError",
+    "SearchError",
     "Space",
     "SuperNet",
     "TailorConfig",

@@ -474,10 +474,10 @@ def _read_arch(sn, spec: str | None):
 
 
 def _add_latency_args(p: argparse.ArgumentParser, granularity: bool = True) -> None:
+    from autotailor.predict.latency.backends import device_help
+
     p.add_argument("work", help="work directory written by `autotailor compile`")
-    p.add_argument("--device", default="ort-cpu:threads=1",
-                   help="BACKEND[:KEY=VALUE,...]: ort-cpu (threads, optimization, flush_mb), ncnn (threads) "
-                        "or torch (threads)")
+    p.add_argument("--device", default="ort-cpu:threads=1", help=device_help())
     p.add_argument("--device-name", help="name of this machine in the LUT (default: the host name)")
     p.add_argument("--lut", help="latency table (SQLite; default WORK/latency.sqlite)")
     if granularity:
@@ -502,6 +502,8 @@ def _add_tuning_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autotailor.predict.latency import export_formats
+
     parser = argparse.ArgumentParser(prog="autotailor", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -583,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("work")
     p.add_argument("--pick", help="all, a budget (8ms, 300mmacs, latency_ms=8) or its position (default all)")
     p.add_argument("--config", help="TOML file whose [export] (and [sensitivity]) table sets what the flags do not")
-    p.add_argument("--format", help="onnx, torchscript, ncnn, or several: onnx,ncnn (default onnx)")
+    p.add_argument("--format", help=f"{', '.join(export_formats())}, or several: onnx,ncnn (default onnx)")
     p.add_argument("--data", help="data to recalibrate BatchNorm and measure accuracy (default: sensitivity's)")
     p.add_argument("--device", help="where to measure latency (default: the search's device; none to skip)")
     p.add_argument("--device-name", help="name of this machine in the LUT (default: the host name)")

@@ -29,3 +29,19 @@ class ArchError(AutoTailorError):
 
 class ExportError(AutoTailorError):
     """A SubNet could not be exported or did not reproduce the SuperNet's output."""
+
+
+class DataError(AutoTailorError):
+    """A data spec or a data set could not be read."""
+
+
+class LatencyError(AutoTailorError):
+    """A latency prediction or profiling problem (missing LUT entries, unknown backend, ...)."""
+
+
+class AccuracyPredictorError(AutoTailorError):
+    """An accuracy predictor is missing, stale or cannot be built from what was given."""
+
+
+class SearchError(AutoTailorError):
+    """A search was asked something it cannot answer (no budget, unknown metric, no predictor, ...)."""

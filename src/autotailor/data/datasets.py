@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotailor.errors import AutoTailorError
+from autotailor.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,6 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 SPEC_FORMS = "cifar10:PATH, imagefolder:PATH or digits"
 
 
-class DataError(AutoTailorError):
-    """A data spec or a data set could not be read."""
 
 
 @dataclass

@@ -16,27 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotailor.deploy import export_ncnn, export_onnx, export_torchscript
 from autotailor.errors import ExportError
+from autotailor.predict.latency import export_formats, format_backend
 from autotailor.pipeline.workdir import EXPORTS, DeviceSetup, EvalData, write_json
 from autotailor.tune import evaluate, recalibrated
 
 log = logging.getLogger(__name__)
 
-#: format -> (writer of ``net`` at ``path`` for ``input_shape``, file name)
-FORMATS: dict[str, tuple[Callable[..., Any], str]] = {
-    "onnx": (export_onnx, "subnet.onnx"),
-    "torchscript": (export_torchscript, "subnet.torchscript.pt"),
-    "ncnn": (export_ncnn, "subnet.param"),  # and subnet.bin
-}
-#: the format each latency backend runs, so an exported file is timed as it is
-BACKEND_FORMAT = {"ort-cpu": "onnx", "ncnn": "ncnn", "torch": "torchscript"}
-
-
 def check_formats(formats: Sequence[str]) -> list[str]:
-    bad = [f for f in formats if f not in FORMATS]
+    """``formats`` if each is a registered backend's export format (``onnx``, ``ncnn``, ...)."""
+    allowed = export_formats()
+    bad = [f for f in formats if f not in allowed]
     if bad or not formats:
-        raise ExportError(f"unknown export format(s) {bad or formats}; allowed: {list(FORMATS)}")
+        raise ExportError(f"unknown export format(s) {bad or formats}; allowed: {allowed}")
     return list(formats)
 
 
@@ -82,23 +74,18 @@ def export_choices(sn, work: str | Path, choices: Sequence[dict[str, Any]], form
         else:
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice["budget"])
             net = sn.extract(arch).eval()
-        files: dict[str, list[Path]] = {}
-        for fmt in formats:
-            writer, filename = FORMATS[fmt]
-            written = writer(net, folder / filename, shape)
-            files[fmt] = list(written) if isinstance(written, tuple) else [written]
+        files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
         measured: dict[str, float | None] = {"latency_ms": None, "accuracy": None}
         if device is not None:
             backend = device.backend
-            own = files.get(BACKEND_FORMAT.get(backend.name, ""))
             with tempfile.TemporaryDirectory() as tmp:
-                path = own[0] if own else backend.deploy(net, Path(tmp) / "subnet", shape)
+                path = files.get(backend.format) or backend.deploy(net, Path(tmp) / "subnet", shape)
                 measured["latency_ms"] = backend.time(backend.load(path, shape)).median_ms
         if data is not None:
             measured["accuracy"] = evaluate(sn, arch, data.val, data.calibration)
         predicted = {"accuracy": choice.get("accuracy"), **choice.get("metrics", {})}
-        item = Exported(choice["budget"], arch, [str(p) for paths in files.values() for p in paths], predicted,
-                        measured)
+        written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
+        item = Exported(choice["budget"], arch, [str(p) for p in written], predicted, measured)
         (folder / "arch.json").write_text(json.dumps(arch, indent=1))
         out.append(item)
         if on_done:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from autotailor.errors import AutoTailorError
+from autotailor.errors import SearchError
 from autotailor.supernet import Arch
 from autotailor.supernet.space import Space
 
@@ -24,8 +24,6 @@ METRICS: dict[str, tuple[str, float]] = {
 }
 
 
-class SearchError(AutoTailorError):
-    """A search was asked something it cannot answer (unknown metric, no predictor, ...)."""
 
 
 @dataclass(frozen=True)

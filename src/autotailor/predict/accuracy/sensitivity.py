@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from autotailor.errors import AutoTailorError
+from autotailor.errors import AccuracyPredictorError
 from autotailor.supernet import Arch, SuperNet
 from autotailor.supernet.space import Space
 from autotailor.tune import evaluate
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
-class AccuracyPredictorError(AutoTailorError):
-    """An accuracy predictor is missing, stale or cannot be built from what was given."""
 
 
 def modification_key(variable: str, choice: Any) -> str:

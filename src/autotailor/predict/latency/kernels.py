@@ -28,7 +28,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autotailor.compiler.variables import kind
-from autotailor.errors import AutoTailorError
+from autotailor.errors import AutoTailorError, LatencyError
 from autotailor.ir import Block, DynParam, Operator
 from autotailor.ir.graph import get_attr
 from autotailor.ir.handlers import DEFAULT, OpHandler, for_module, for_node, target_name
@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 Shape = tuple[int, ...]
 
 
-class LatencyError(AutoTailorError):
-    """A latency prediction or profiling problem (missing LUT entries, unknown backend, ...)."""
 
 
 # -- flattened graph ---------------------------------------------------------------------------
@@ -189,40 +187,18 @@ def _deduce(sn: SuperNet, arch: Arch) -> dict[str, Shape]:
 @dataclass(frozen=True)
 class FusionRules:
     """How a runtime groups operators: an ``anchor`` absorbs the chain of single-consumer
-    nodes that follow it while their kinds are in ``follow`` (in that order of stages)."""
+    nodes that follow it while their kinds (their handlers' ``kind``) are in ``follow`` (in
+    that order of stages). Each backend holds its own (``Backend.fusion``)."""
 
     name: str
     anchors: frozenset[str]
     follow: tuple[frozenset[str], ...]  # absorbed in stages, each at most once
 
 
-_POINTWISE_ACTS = frozenset({"relu", "relu6", "hardtanh", "clamp", "sigmoid", "tanh", "leakyrelu", "hardsigmoid"})
-_RULES: dict[str, FusionRules] = {}
+POINTWISE_ACTS = frozenset({"relu", "relu6", "hardtanh", "clamp", "sigmoid", "tanh", "leakyrelu", "hardsigmoid"})
+# One kernel per operator: PyTorch eager, and the counted costs when no device is given.
+NO_FUSION = FusionRules("none", frozenset(), ())
 
-
-def fusion_rules(name: str) -> FusionRules:
-    """The registered rules ``name``: ``ort-cpu``, ``ncnn``, ``torch`` or ``none`` (one kernel per operator)."""
-    if name not in _RULES:
-        raise LatencyError(f"no fusion rules named {name!r}; available: {', '.join(sorted(_RULES))}")
-    return _RULES[name]
-
-
-def register_fusion(rules: FusionRules) -> FusionRules:
-    _RULES[rules.name] = rules
-    return rules
-
-
-# ONNX Runtime: BatchNorm is folded into the convolution at export; the CPU provider fuses a
-# following activation (ConvActivationFusion, HardSwish included when its output feeds a node,
-# as inside a model) and, in its NCHWc layout, a residual add + ReLU.
-register_fusion(FusionRules("ort-cpu", frozenset({"conv2d", "linear"}), (
-    frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), _POINTWISE_ACTS | {"gelu", "hardswish"})))
-# NCNN (through pnnx): BatchNorm folded, activation fused into Convolution / InnerProduct.
-register_fusion(FusionRules("ncnn", frozenset({"conv2d", "linear"}), (
-    frozenset({"batchnorm2d"}), _POINTWISE_ACTS | {"hardswish"})))
-# PyTorch eager: every operator is its own kernel.
-register_fusion(FusionRules("torch", frozenset(), ()))
-register_fusion(FusionRules("none", frozenset(), ()))
 
 GRANULARITIES = ("operator", "fused", "block")
 
@@ -306,7 +282,11 @@ class KernelPlan:
             raise LatencyError(f"granularity {granularity!r} is not allowed; expected one of {GRANULARITIES}")
         started = time.perf_counter()
         self.sn = sn
-        self.rules = rules if isinstance(rules, FusionRules) else fusion_rules(rules)
+        if not isinstance(rules, FusionRules):
+            from autotailor.predict.latency.backends import fusion_rules
+
+            rules = fusion_rules(rules)
+        self.rules = rules
         self.granularity = granularity
         self.nodes = flatten(sn)
         self.by_name = {n.name: n for n in self.nodes}

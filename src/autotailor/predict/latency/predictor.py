@@ -20,9 +20,10 @@ from typing import Callable
 
 import numpy as np
 
-from autotailor.predict.latency.kernels import Kernel, KernelPlan, LatencyError
+from autotailor.errors import LatencyError
+from autotailor.predict.latency.kernels import Kernel, KernelPlan
 from autotailor.predict.latency.lut import LutStore, Target
-from autotailor.predict.latency.profilers import Backend
+from autotailor.predict.latency.backends import Backend
 from autotailor.supernet import Arch
 
 log = logging.getLogger(__name__)
@@ -203,9 +204,9 @@ def subnet_key(arch: Arch) -> str:
 
 
 def subnet_arch(key: str) -> Arch:
-    """The architecture of a ``subnet_key`` (``ValueError`` if ``key`` is not one)."""
+    """The architecture of a ``subnet_key`` (``LatencyError`` if ``key`` is not one)."""
     if not key.startswith(SUBNET_PREFIX):
-        raise ValueError(f"{key!r} is not a whole SubNet's LUT entry")
+        raise LatencyError(f"{key!r} is not a whole SubNet's LUT entry (those start with {SUBNET_PREFIX!r})")
     return json.loads(key[len(SUBNET_PREFIX):])
 
 

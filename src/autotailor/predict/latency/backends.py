@@ -1,9 +1,15 @@
-"""Profiling backends: time one kernel (a small torch module) on a target runtime.
+"""Runtime backends: one registered class per runtime holds everything about it.
 
-A backend is one registered class with ``measure(module, input_shape) -> Measurement``. Each
-measurement warms up, then times ``repeats`` calls and keeps the median and the median
-absolute deviation; ``overhead`` times an identity kernel, the fixed cost of one call into
-the runtime, which the predictor accounts for once per model rather than once per kernel.
+* ``fusion``: how the runtime groups operators into kernels (``FusionRules``);
+* ``measure(module, input_shape) -> Measurement``: profiling one kernel (a small torch
+  module). Each measurement warms up, then times ``repeats`` calls and keeps the median and
+  the median absolute deviation; ``overhead`` times an identity kernel, the fixed cost of one
+  call into the runtime, which the predictor accounts for once per model;
+* ``format`` and ``deploy(net, path, input_shape)``: the export format of its files
+  (``autotailor export --format``) and the writer;
+* ``load(path, input_shape)``: a runner of a deployed file, to time it as deployed.
+
+Adding a runtime is one ``@backend(NAME)`` class (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -21,13 +27,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from autotailor.errors import AutoTailorError
+from autotailor.errors import ExportError, LatencyError
+from autotailor.predict.latency.kernels import NO_FUSION, POINTWISE_ACTS, FusionRules
 from autotailor.predict.latency.lut import Measurement
 
 _BACKENDS: dict[str, type["Backend"]] = {}
 
 
 def backend(name: str) -> Callable[[type["Backend"]], type["Backend"]]:
+    """Register the decorated ``Backend`` subclass as ``name`` (the ``--device`` spec's first part)."""
+
     def deco(cls: type["Backend"]) -> type["Backend"]:
         cls.name = name
         _BACKENDS[name] = cls
@@ -36,14 +45,46 @@ def backend(name: str) -> Callable[[type["Backend"]], type["Backend"]]:
     return deco
 
 
+def backend_class(name: str) -> type["Backend"]:
+    if name not in _BACKENDS:
+        raise LatencyError(f"unknown backend {name!r}; available: {', '.join(sorted(_BACKENDS))}")
+    return _BACKENDS[name]
+
+
+def backends() -> dict[str, type["Backend"]]:
+    """The registered backends by name."""
+    return dict(_BACKENDS)
+
+
 def make_backend(name: str, **settings: object) -> "Backend":
     """The backend ``name`` (``ort-cpu``, ``torch``) with its settings (e.g. ``threads=1``)."""
-    if name not in _BACKENDS:
-        raise AutoTailorError(f"unknown backend {name!r}; available: {', '.join(sorted(_BACKENDS))}")
+    cls = backend_class(name)
     try:
-        return _BACKENDS[name](**settings)
+        return cls(**settings)
     except TypeError as exc:
-        raise AutoTailorError(f"backend {name!r} does not take these settings {settings}: {exc}") from exc
+        raise LatencyError(f"backend {name!r} does not take these settings {settings}: {exc}") from exc
+
+
+def fusion_rules(name: str) -> FusionRules:
+    """The fusion rules of backend ``name``, or ``none`` (one kernel per operator)."""
+    return NO_FUSION if name == NO_FUSION.name else backend_class(name).fusion
+
+
+def format_backend(fmt: str) -> type["Backend"]:
+    """The backend whose files are of export format ``fmt`` (``onnx``, ``ncnn``, ``torchscript``)."""
+    found = [cls for cls in _BACKENDS.values() if cls.format == fmt]
+    if not found:
+        raise ExportError(f"unknown export format {fmt!r}; allowed: {list(export_formats())}")
+    return found[0]
+
+
+def export_formats() -> list[str]:
+    return list(dict.fromkeys(cls.format for cls in _BACKENDS.values()))
+
+
+def device_help() -> str:
+    """What ``--device`` accepts, from the registered backends."""
+    return "BACKEND[:KEY=VALUE,...]: " + ", ".join(f"{n} ({', '.join(c.options)})" for n, c in _BACKENDS.items())
 
 
 def parse_device(spec: str) -> tuple[str, dict[str, object]]:
@@ -53,7 +94,7 @@ def parse_device(spec: str) -> tuple[str, dict[str, object]]:
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq or not key:
-            raise AutoTailorError(f"device setting {item!r} in {spec!r} is not KEY=VALUE (e.g. ort-cpu:threads=1)")
+            raise LatencyError(f"device setting {item!r} in {spec!r} is not KEY=VALUE (e.g. ort-cpu:threads=1)")
         settings[key.strip().replace("-", "_")] = _setting_value(value.strip())
     return name, settings
 
@@ -116,12 +157,15 @@ class Backend:
 
     name: ClassVar[str] = ""
     default_flush_mb: ClassVar[int] = 0
+    fusion: ClassVar[FusionRules] = NO_FUSION
+    format: ClassVar[str] = ""  # export format of its deployed files
+    options: ClassVar[tuple[str, ...]] = ("threads",)  # settings a --device spec names (for --help)
 
     def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5,
                  flush_mb: int | None = None):
         flush_mb = self.default_flush_mb if flush_mb is None else flush_mb
         if threads < 1 or warmup < 0 or repeats < 1 or flush_mb < 0:
-            raise AutoTailorError("threads and repeats must be >= 1, warmup and flush_mb >= 0")
+            raise LatencyError("threads and repeats must be >= 1, warmup and flush_mb >= 0")
         self.threads, self.warmup, self.repeats, self.budget_s = threads, warmup, repeats, budget_s
         self.flush_mb = flush_mb
         self._scratch = np.zeros(flush_mb * 2**20 // 8) if flush_mb else None
@@ -178,6 +222,11 @@ class Backend:
         """A function running the deployed model at ``path`` once on a random input, as configured."""
         raise NotImplementedError
 
+    @classmethod
+    def deployed_files(cls, path: Path) -> list[Path]:
+        """Every file ``deploy`` wrote for the model at ``path`` (what ``deploy`` returned)."""
+        return [path]
+
 
 class _Identity(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,6 +241,13 @@ class OrtCpu(Backend):
 
     LEVELS = ("basic", "extended", "all")
     default_flush_mb = 16
+    # BatchNorm is folded into the convolution at export; the CPU provider fuses a following
+    # activation (ConvActivationFusion, HardSwish included when its output feeds a node, as
+    # inside a model) and, in its NCHWc layout, a residual add + ReLU.
+    fusion = FusionRules("ort-cpu", frozenset({"conv2d", "linear"}), (
+        frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), POINTWISE_ACTS | {"gelu", "hardswish"}))
+    format = "onnx"
+    options = ("threads", "optimization", "flush_mb")
     # How kernels are timed, part of the LUT key so that entries timed another way are measured
     # again. 2: each kernel's output feeds a node (see ``_Consumed``); 3: less the profiler's
     # own cost per node (see ``node_offset_ms``).
@@ -200,7 +256,7 @@ class OrtCpu(Backend):
     def __init__(self, optimization: str = "all", **kwargs: object):
         super().__init__(**kwargs)
         if optimization not in self.LEVELS:
-            raise AutoTailorError(f"ort-cpu optimization={optimization!r} is not allowed; expected one of {self.LEVELS}")
+            raise LatencyError(f"ort-cpu optimization={optimization!r} is not allowed; expected one of {self.LEVELS}")
         self.optimization = optimization
         self._node_offset_ms: float | None = None
 
@@ -248,7 +304,7 @@ class OrtCpu(Backend):
             events = json.loads(Path(sess.end_profiling()).read_text())
         per_run = _per_run_kernel_ms(events, self.warmup, node_offset_ms)
         if not per_run:
-            raise AutoTailorError("ONNX Runtime's profiler recorded no model runs; is this onnxruntime too old?")
+            raise LatencyError("ONNX Runtime's profiler recorded no model runs; is this onnxruntime too old?")
         return per_run
 
     def node_offset_ms(self, nodes: int = 32) -> float:
@@ -355,7 +411,11 @@ def _onnx_bytes(module: nn.Module, input_shapes: list[Shape]) -> bytes:
 
 @backend("torch")
 class TorchEager(Backend):
-    """PyTorch eager mode on the CPU with ``threads`` intra-op threads."""
+    """PyTorch eager mode on the CPU with ``threads`` intra-op threads; every operator is its own
+    kernel. Deployed as TorchScript."""
+
+    fusion = FusionRules("torch", frozenset(), ())
+    format = "torchscript"
 
     def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
         module = module.eval()
@@ -376,7 +436,7 @@ class TorchEager(Backend):
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_torchscript
 
-        return export_torchscript(net, Path(path).with_suffix(".pt"), input_shape)
+        return export_torchscript(net, Path(path).with_suffix(".torchscript.pt"), input_shape)
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return self.prepare(torch.jit.load(str(path)), [input_shape])
@@ -387,6 +447,11 @@ class Ncnn(Backend):
     """NCNN on the CPU with ``threads`` threads; kernels and SubNets are converted by pnnx, which
     folds BatchNorm and fuses activations into convolutions. A call creates an extractor, feeds
     the inputs and extracts the output, as an application does."""
+
+    # pnnx folds BatchNorm and fuses activations into Convolution / InnerProduct.
+    fusion = FusionRules("ncnn", frozenset({"conv2d", "linear"}), (
+        frozenset({"batchnorm2d"}), POINTWISE_ACTS | {"hardswish"}))
+    format = "ncnn"
 
     def __init__(self, **kwargs: object):
         super().__init__(**kwargs)
@@ -443,6 +508,10 @@ class Ncnn(Backend):
         from autotailor.deploy import export_ncnn
 
         return export_ncnn(net, Path(path), input_shape)[0]
+
+    @classmethod
+    def deployed_files(cls, path: Path) -> list[Path]:
+        return [path, path.with_suffix(".bin")]
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return self._runner(Path(path), [input_shape])
