@@ -297,7 +297,7 @@ def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
     always does inside a model; a kernel timed alone must be given such a consumer."""
     import onnxruntime as ort
 
-    from autotailor.predict.latency.backends import OrtCpu, _Consumed, _counted, _onnx_bytes
+    from autotailor.predict.latency.backends.ort import OrtCpu, _Consumed, _counted, _onnx_bytes
 
     kernel = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Hardswish())
     backend = OrtCpu(threads=1)

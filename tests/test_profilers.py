@@ -27,7 +27,7 @@ def test_unknown_backend_names_the_available_ones() -> None:
 
 
 def test_ort_profiler_cost_per_node_is_left_out() -> None:
-    from autotailor.predict.latency.backends import OrtCpu, _per_run_kernel_ms
+    from autotailor.predict.latency.backends.ort import OrtCpu, _per_run_kernel_ms
 
     def node(name: str, ts: int, dur: int, op: str = "Conv") -> dict:
         return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}

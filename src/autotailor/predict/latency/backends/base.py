@@ -1,0 +1,230 @@
+"""Runtime backends: one registered class per runtime holds everything about it.
+
+* ``fusion``: how the runtime groups operators into kernels (``FusionRules``);
+* ``measure(module, input_shape) -> Measurement``: profiling one kernel (a small torch
+  module). Each measurement warms up, then times ``repeats`` calls and keeps the median and
+  the median absolute deviation; ``overhead`` times an identity kernel, the fixed cost of one
+  call into the runtime, which the predictor accounts for once per model;
+* ``format`` and ``deploy(net, path, input_shape)``: the export format of its files
+  (``autotailor export --format``) and the writer;
+* ``load(path, input_shape)``: a runner of a deployed file, to time it as deployed.
+
+Adding a runtime is one module with one ``@backend(NAME)`` class, imported by this package's
+``__init__`` (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, ClassVar, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from autotailor.errors import ExportError, LatencyError
+from autotailor.predict.latency.kernels import NO_FUSION, FusionRules
+from autotailor.predict.latency.lut import Measurement
+
+_BACKENDS: dict[str, type["Backend"]] = {}
+
+
+def backend(name: str) -> Callable[[type["Backend"]], type["Backend"]]:
+    """Register the decorated ``Backend`` subclass as ``name`` (the ``--device`` spec's first part)."""
+
+    def deco(cls: type["Backend"]) -> type["Backend"]:
+        cls.name = name
+        _BACKENDS[name] = cls
+        return cls
+
+    return deco
+
+
+def backend_class(name: str) -> type["Backend"]:
+    if name not in _BACKENDS:
+        raise LatencyError(f"unknown backend {name!r}; available: {', '.join(sorted(_BACKENDS))}")
+    return _BACKENDS[name]
+
+
+def backends() -> dict[str, type["Backend"]]:
+    """The registered backends by name."""
+    return dict(_BACKENDS)
+
+
+def make_backend(name: str, **settings: object) -> "Backend":
+    """The backend ``name`` (``ort-cpu``, ``torch``) with its settings (e.g. ``threads=1``)."""
+    cls = backend_class(name)
+    try:
+        return cls(**settings)
+    except TypeError as exc:
+        raise LatencyError(f"backend {name!r} does not take these settings {settings}: {exc}") from exc
+
+
+def fusion_rules(name: str) -> FusionRules:
+    """The fusion rules of backend ``name``, or ``none`` (one kernel per operator)."""
+    return NO_FUSION if name == NO_FUSION.name else backend_class(name).fusion
+
+
+def format_backend(fmt: str) -> type["Backend"]:
+    """The backend whose files are of export format ``fmt`` (``onnx``, ``ncnn``, ``torchscript``)."""
+    found = [cls for cls in _BACKENDS.values() if cls.format == fmt]
+    if not found:
+        raise ExportError(f"unknown export format {fmt!r}; allowed: {list(export_formats())}")
+    return found[0]
+
+
+def export_formats() -> list[str]:
+    return list(dict.fromkeys(cls.format for cls in _BACKENDS.values()))
+
+
+def device_help() -> str:
+    """What ``--device`` accepts, from the registered backends."""
+    return "BACKEND[:KEY=VALUE,...]: " + ", ".join(f"{n} ({', '.join(c.options)})" for n, c in _BACKENDS.items())
+
+
+def parse_device(spec: str) -> tuple[str, dict[str, object]]:
+    """``ort-cpu:threads=1,optimization=all`` -> ``("ort-cpu", {"threads": 1, "optimization": "all"})``."""
+    name, _, rest = spec.partition(":")
+    settings: dict[str, object] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise LatencyError(f"device setting {item!r} in {spec!r} is not KEY=VALUE (e.g. ort-cpu:threads=1)")
+        settings[key.strip().replace("-", "_")] = _setting_value(value.strip())
+    return name, settings
+
+
+def _setting_value(text: str) -> object:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+Shape = tuple[int, ...]
+
+
+def _shapes(input_shape: Shape | Sequence[Shape]) -> list[Shape]:
+    """One input shape, or a list of them (a kernel with a residual input has two)."""
+    if len(input_shape) and isinstance(input_shape[0], int):
+        return [tuple(input_shape)]
+    return [tuple(s) for s in input_shape]
+
+
+def _summary(times_ms: list[float]) -> Measurement:
+    med = statistics.median(times_ms)
+    mad = statistics.median(abs(t - med) for t in times_ms)
+    return Measurement(med, mad, len(times_ms), time.time())
+
+
+def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: float,
+                before: Callable[[], object] | None = None) -> list[float]:
+    """Warm up, then time up to ``repeats`` calls, fewer (but at least 5) when one call is
+    long enough that ``repeats`` would exceed ``budget_s``: slow kernels are stable anyway.
+    The warm-up stops early too, after two calls, once it has taken ``budget_s``: a whole
+    SubNet of half a second is warm after its first call (measured on NCNN and ONNX Runtime),
+    and ten warm-up calls were most of a calibration's time."""
+    deadline = time.perf_counter() + budget_s
+    for i in range(warmup):
+        if i >= 2 and time.perf_counter() > deadline:
+            break
+        run()
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < repeats and (len(times) < 5 or time.perf_counter() < deadline):
+        if before is not None:
+            before()  # not timed
+        t = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+class Backend:
+    """A runtime to profile kernels on. ``flush_mb`` megabytes are overwritten before each timed
+    run of a kernel: inside a whole model a kernel's weights may not be in the core's caches
+    when it starts, as they are when it runs alone again and again. Whether that helps depends
+    on the runtime, so each backend has its own default (measured: see docs/latency.md)."""
+
+    name: ClassVar[str] = ""
+    default_flush_mb: ClassVar[int] = 0
+    fusion: ClassVar[FusionRules] = NO_FUSION
+    format: ClassVar[str] = ""  # export format of its deployed files
+    options: ClassVar[tuple[str, ...]] = ("threads",)  # settings a --device spec names (for --help)
+
+    def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5,
+                 flush_mb: int | None = None):
+        flush_mb = self.default_flush_mb if flush_mb is None else flush_mb
+        if threads < 1 or warmup < 0 or repeats < 1 or flush_mb < 0:
+            raise LatencyError("threads and repeats must be >= 1, warmup and flush_mb >= 0")
+        self.threads, self.warmup, self.repeats, self.budget_s = threads, warmup, repeats, budget_s
+        self.flush_mb = flush_mb
+        self._scratch = np.zeros(flush_mb * 2**20 // 8) if flush_mb else None
+        self._overhead: Measurement | None = None
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """What makes measurements comparable: part of the LUT key."""
+        return {"threads": self.threads, "flush_mb": self.flush_mb}
+
+    def _flush(self) -> None:
+        if self._scratch is not None:
+            np.add(self._scratch, 1.0, out=self._scratch)
+
+    def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
+        """The time (ms) ``module`` takes when it runs inside a model, on inputs of ``input_shape``
+        (one shape or a list): by default the wall time of calling it as a model of its own,
+        caches flushed, less the fixed cost of a call (``overhead``), which a model pays once."""
+        return self._measure_prepared(self.prepare(module, _shapes(input_shape)))
+
+    def prober(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Callable[[], Measurement]:
+        """A function doing what ``measure`` does, again and again, with the kernel prepared once
+        (a converter such as pnnx takes longer than the timing itself)."""
+        run = self.prepare(module, _shapes(input_shape))
+        return lambda: self._measure_prepared(run)
+
+    def _measure_prepared(self, run: Callable[[], object]) -> Measurement:
+        m = _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush))
+        if self._overhead is None:
+            self._overhead = self.overhead()
+        return Measurement(max(0.0, m.median_ms - self._overhead.median_ms), m.mad_ms, m.repeats, m.measured_at)
+
+    def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:  # pragma: no cover
+        """A function that runs ``module`` once on the runtime (loading it is not timed)."""
+        raise NotImplementedError
+
+    def overhead(self, input_shape: tuple[int, ...] = (1, 1)) -> Measurement:
+        """The fixed cost of one call of a model: the wall time of a kernel that does (almost)
+        nothing, the fastest of three timings. A disturbance only ever slows one down, and one
+        call takes microseconds: a single stall inflated a timing fivefold (0.031 ms for 0.006)."""
+        run = self.prepare(_Identity(), [input_shape])
+        return min((self.time(run) for _ in range(3)), key=lambda m: m.median_ms)
+
+    def time(self, run: Callable[[], object]) -> Measurement:
+        """Warm-up, then the median (and MAD) of timed calls of ``run`` (a whole model: no flushing)."""
+        return _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s))
+
+    # -- deployed models -----------------------------------------------------------------------
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:  # pragma: no cover
+        """Write ``net`` (an extracted SubNet) in this runtime's format at ``path`` (suffix replaced)."""
+        raise NotImplementedError
+
+    def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:  # pragma: no cover
+        """A function running the deployed model at ``path`` once on a random input, as configured."""
+        raise NotImplementedError
+
+    @classmethod
+    def deployed_files(cls, path: Path) -> list[Path]:
+        """Every file ``deploy`` wrote for the model at ``path`` (what ``deploy`` returned)."""
+        return [path]
+
+
+class _Identity(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)  # a real node that no converter optimises away

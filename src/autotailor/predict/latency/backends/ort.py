@@ -1,0 +1,203 @@
+"""ONNX Runtime, CPU execution provider."""
+
+from __future__ import annotations
+
+import bisect
+import io
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from autotailor.errors import LatencyError
+from autotailor.predict.latency.backends.base import (
+    Backend,
+    Shape,
+    _shapes,
+    _summary,
+    _time_calls,
+    backend,
+)
+from autotailor.predict.latency.kernels import POINTWISE_ACTS, FusionRules
+from autotailor.predict.latency.lut import Measurement
+
+
+@backend("ort-cpu")
+class OrtCpu(Backend):
+    """ONNX Runtime, CPU execution provider, ``threads`` intra-op threads, graph optimisation
+    level ``optimization``: ``extended`` (default) or ``all``, which adds the NCHWc layout
+    transformation; deployed models must run with the same level as their kernels were profiled."""
+
+    LEVELS = ("basic", "extended", "all")
+    default_flush_mb = 16
+    # BatchNorm is folded into the convolution at export; the CPU provider fuses a following
+    # activation (ConvActivationFusion, HardSwish included when its output feeds a node, as
+    # inside a model) and, in its NCHWc layout, a residual add + ReLU.
+    fusion = FusionRules("ort-cpu", frozenset({"conv2d", "linear"}), (
+        frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), POINTWISE_ACTS | {"gelu", "hardswish"}))
+    format = "onnx"
+    options = ("threads", "optimization", "flush_mb")
+    # How kernels are timed, part of the LUT key so that entries timed another way are measured
+    # again. 2: each kernel's output feeds a node (see ``_Consumed``); 3: less the profiler's
+    # own cost per node (see ``node_offset_ms``).
+    TIMING = 3
+
+    def __init__(self, optimization: str = "all", **kwargs: object):
+        super().__init__(**kwargs)
+        if optimization not in self.LEVELS:
+            raise LatencyError(f"ort-cpu optimization={optimization!r} is not allowed; expected one of {self.LEVELS}")
+        self.optimization = optimization
+        self._node_offset_ms: float | None = None
+
+    @property
+    def settings(self) -> dict[str, object]:
+        return {**super().settings, "optimization": self.optimization, "timing": self.TIMING}
+
+    def _session(self, module: nn.Module, input_shapes: list[Shape], profiling: str | None = None):
+        import onnxruntime as ort
+
+        opts = self.session_options()
+        if profiling is not None:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profiling
+        sess = ort.InferenceSession(_onnx_bytes(module, input_shapes), opts, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        feed = {i.name: rng.standard_normal(s).astype(np.float32) for i, s in zip(sess.get_inputs(), input_shapes)}
+        return sess, feed
+
+    def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
+        sess, feed = self._session(module, input_shapes)
+        return lambda: sess.run(None, feed)
+
+    def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
+        """The summed time of the kernel's nodes per run, from ONNX Runtime's own profiler.
+
+        A kernel alone pays for converting its input to and its output from the blocked
+        (NCHWc) layout, which a whole model does only at its ends; those reorder nodes and the
+        call overhead (see ``overhead``) are left out, so that the entry is what the kernel costs
+        inside a model. So is the node that consumes the kernel's output (``_Consumed``), and so
+        is what the profiler itself adds to each node (``node_offset_ms``)."""
+        if self._node_offset_ms is None:
+            self._node_offset_ms = self.node_offset_ms()
+        return _summary(self._profiled_ms(_Consumed(module), _shapes(input_shape), self._flush, self._node_offset_ms))
+
+    def prober(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Callable[[], Measurement]:
+        return lambda: self.measure(module, input_shape)  # each profiled run needs its own session
+
+    def _profiled_ms(self, module: nn.Module, input_shapes: list[Shape], before: Callable[[], object] | None,
+                     node_offset_ms: float) -> list[float]:
+        with tempfile.TemporaryDirectory() as tmp:
+            sess, feed = self._session(module, input_shapes, profiling=str(Path(tmp) / "kernel"))
+            run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
+            _time_calls(run, self.warmup, self.repeats, self.budget_s, before)
+            events = json.loads(Path(sess.end_profiling()).read_text())
+        per_run = _per_run_kernel_ms(events, self.warmup, node_offset_ms)
+        if not per_run:
+            raise LatencyError("ONNX Runtime's profiler recorded no model runs; is this onnxruntime too old?")
+        return per_run
+
+    def node_offset_ms(self, nodes: int = 32) -> float:
+        """What ORT's profiler adds to the time of each node it records: its own bookkeeping,
+        a few microseconds that a model run without the profiler does not pay. Measured once per
+        backend on a chain of ``nodes`` small convolutions: the profiler's time per node less
+        the chain's wall time per node (the slope between the chain and a quarter of it)."""
+        def chain(n: int) -> nn.Module:
+            return _Consumed(nn.Sequential(*[nn.Sequential(nn.Conv2d(32, 32, 1), nn.ReLU()) for _ in range(n)]))
+
+        shape = [(1, 32, 8, 8)]
+        short, long = nodes // 4, nodes
+        walls = {}
+        for n in (short, long):
+            walls[n] = statistics.median(_time_calls(self.prepare(chain(n).eval(), shape), self.warmup, 200, 1.0))
+        slope = (walls[long] - walls[short]) / (long - short)
+        profiled = statistics.median(self._profiled_ms(chain(long).eval(), shape, None, 0.0)) / long
+        return max(0.0, profiled - slope)
+
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+        from autotailor.deploy import export_onnx
+
+        return export_onnx(net, Path(path).with_suffix(".onnx"), input_shape)
+
+    def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), self.session_options(), providers=["CPUExecutionProvider"])
+        feed = {sess.get_inputs()[0].name: np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)}
+        return lambda: sess.run(None, feed)
+
+    def session_options(self):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = {
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self.optimization]
+        return opts
+
+
+class _Consumer(nn.Module):
+    def forward(self, y: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if isinstance(y, (tuple, list)):  # a kernel with several outputs (a whole block)
+            return tuple(t.reshape(-1) for t in y)
+        return y.reshape(-1)
+
+
+class _Consumed(nn.Module):
+    """``kernel`` with a node consuming its output, as inside a model. ONNX Runtime fuses some
+    activations (HardSwish) into the convolution before them only when their output feeds
+    another node, never at a graph output. The consumer's nodes are named ``/consumer/...``."""
+
+    def __init__(self, kernel: nn.Module):
+        super().__init__()
+        self.kernel, self.consumer = kernel, _Consumer()
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return self.consumer(self.kernel(*xs))
+
+
+_LAYOUT_NODES = ("ReorderInput", "ReorderOutput")
+
+
+def _counted(event: dict) -> bool:
+    """Whether a profiled node is part of the kernel: not a layout conversion, not the consumer."""
+    args = event.get("args", {})
+    return args.get("op_name") not in _LAYOUT_NODES and not event["name"].startswith("/consumer/")
+
+
+def _per_run_kernel_ms(events: list[dict], skip: int, node_offset_ms: float = 0.0) -> list[float]:
+    """Per model run (after the first ``skip``), the summed duration of its counted nodes, each
+    less ``node_offset_ms`` (the profiler's own cost per node; a node counts at least 0)."""
+    runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    runs = sorted(runs)[skip:]
+    totals = [0.0] * len(runs)
+    starts = [r[0] for r in runs]
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        if not _counted(e):
+            continue
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if i >= 0 and e["ts"] <= runs[i][1]:
+            totals[i] += max(0.0, e["dur"] / 1e3 - node_offset_ms)
+    return totals
+
+
+def _onnx_bytes(module: nn.Module, input_shapes: list[Shape]) -> bytes:
+    """``module`` as an ONNX model with static shapes (BatchNorm folded, as in a deployed SubNet)."""
+    import warnings
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), tuple(torch.zeros(s) for s in input_shapes), buf, dynamo=False,
+                          opset_version=17, input_names=[f"x{i}" for i in range(len(input_shapes))])
+    return buf.getvalue()
