@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test bench clean
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every package to the versions CI runs; pyproject.toml states ranges.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -c constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
