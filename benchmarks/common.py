@@ -55,9 +55,9 @@ class State:
             self.save()
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        os.replace(tmp, self.path)
+        from autotailor.files import write_text
+
+        write_text(self.path, json.dumps(self.data, indent=1))
 
 
 def write_results(folder: str | Path, name: str, data: dict, text: str) -> None:

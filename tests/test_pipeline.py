@@ -16,6 +16,7 @@ import autotailor as at
 from autotailor.cli import main
 from autotailor.compiler.config import load_config
 from autotailor.pipeline.deployment import ExportSettings
+from autotailor.pipeline.results import ExportsRecord, RunRecord, SearchRecord
 from autotailor.pipeline.run import DEMO_CONFIG, plan_run
 from autotailor.pipeline.selection import SearchSettings, objectives_for
 from autotailor.pipeline.workdir import EvalSettings, eval_data
@@ -63,29 +64,29 @@ def run_dir(tmp_path_factory):
     config.write_text(CONFIG.replace('pick = "1"', 'pick = "7ms"'))  # a budget the search will not have
     code = main(["run", str(config)])
     assert code == 2  # the export step fails on the bad pick; everything before it is recorded
-    record = json.loads((root / "tailor" / "run.json").read_text())
-    assert list(record["steps"]) == ["compile", "train", "tune", "profile", "sensitivity", "search"]
+    record = RunRecord.read(root / "tailor")
+    assert list(record.steps) == ["compile", "train", "tune", "profile", "sensitivity", "search"]
     config.write_text(CONFIG)
     assert main(["run", str(config)]) == 0
     return root / "tailor"
 
 
 def test_run_resumes_at_the_failed_step_and_writes_everything(run_dir, capsys) -> None:
-    record = json.loads((run_dir / "run.json").read_text())
-    assert list(record["steps"]) == ["compile", "train", "tune", "profile", "sensitivity", "search", "export"]
-    assert all(s["seconds"] > 0 for s in record["steps"].values())
+    record = RunRecord.read(run_dir)
+    assert list(record.steps) == ["compile", "train", "tune", "profile", "sensitivity", "search", "export"]
+    assert all(s.seconds > 0 for s in record.steps.values())
     with LutStore(run_dir / "latency.sqlite") as lut:  # ONNX Runtime: kernels flushed and warm, this model's SubNets
         settings = sorted((dict(t.settings)["flush_mb"], "model" in dict(t.settings)) for t in lut.targets())
         assert settings == [(0, False), (16, False), (16, True)]
-    search = json.loads((run_dir / "search.json").read_text())
-    assert len(search["choices"]) == 3 and search["axis"] == "latency_ms"
-    for c in search["choices"]:
-        assert c["metrics"]["latency_ms"] <= c["limits"]["latency_ms"] and c["accuracy"] <= 1
-    exports = json.loads((run_dir / "exports.json").read_text())
-    assert [e["name"] for e in exports] == [search["choices"][1]["budget"]]
+    search = SearchRecord.read(run_dir)
+    assert len(search.choices) == 3 and search.axis == "latency_ms"
+    for c in search.choices:
+        assert c.metrics["latency_ms"] <= c.limits["latency_ms"] and c.accuracy <= 1
+    exports = ExportsRecord.read(run_dir).exports
+    assert [e.name for e in exports] == [search.choices[1].budget]
     e = exports[0]
-    assert e["measured"]["latency_ms"] > 0 and 0 <= e["measured"]["accuracy"] <= 1
-    assert sorted(p.rsplit("/", 1)[1] for p in e["files"]) == ["subnet.bin", "subnet.onnx", "subnet.param"]
+    assert e.measured["latency_ms"] > 0 and 0 <= e.measured["accuracy"] <= 1
+    assert sorted(p.rsplit("/", 1)[1] for p in e.files) == ["subnet.bin", "subnet.onnx", "subnet.param"]
     report = (run_dir / "report.md").read_text()
     for text in ("## Time per step", "## Search", "## Exported SubNets, measured", "![Pareto front](report.png)"):
         assert text in report
@@ -94,21 +95,21 @@ def test_run_resumes_at_the_failed_step_and_writes_everything(run_dir, capsys) -
     capsys.readouterr()
     assert main(["run", str(run_dir.parent / "tailor.toml")]) == 0
     out = capsys.readouterr().out
-    assert out.count("done before") == 7 and json.loads((run_dir / "run.json").read_text()) == record
+    assert out.count("done before") == 7 and RunRecord.read(run_dir) == record
 
 
 def test_exported_subnets_run_without_autotailor(run_dir, tmp_path) -> None:
-    e = json.loads((run_dir / "exports.json").read_text())[0]
-    sn = at.load(run_dir / "supernet.pt")
-    arch = sn.space.complete(e["arch"])
+    e = ExportsRecord.read(run_dir).exports[0]
+    sn = at.load(run_dir)
+    arch = sn.space.complete(e.arch)
     data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
     x = torch.randn(sn.input_shape(arch), generator=torch.Generator().manual_seed(0))
     with recalibrated(sn, arch, data.calibration), torch.no_grad():
         ref = sn(x)
     np.save(tmp_path / "x.npy", x.numpy())
     np.save(tmp_path / "ref.npy", ref.numpy())
-    onnx_path = next(f for f in e["files"] if f.endswith(".onnx"))
-    param = next(f for f in e["files"] if f.endswith(".param"))
+    onnx_path = next(f for f in e.files if f.endswith(".onnx"))
+    param = next(f for f in e.files if f.endswith(".param"))
     code = f"""
         import sys
         sys.modules["autotailor"] = None

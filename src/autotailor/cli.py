@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from autotailor.errors import AutoTailorError
+from autotailor.pipeline.workdir import CONFIG
 
 
 def _summary(sn) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     console.print(f"compile time: {summary['compile_seconds']:.2f} s")
 
 
-def _write_work(sn, out: Path, summary: dict[str, Any]) -> None:
+def _write_work(sn, config, out: Path, summary: dict[str, Any]) -> None:
     """Write the work directory's files so that a failure leaves nothing half-written."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".staging-"))
@@ -78,7 +79,7 @@ def _write_work(sn, out: Path, summary: dict[str, Any]) -> None:
         sn.save(staging / "supernet.pt")
         (staging / "space.json").write_text(json.dumps(sn.space.describe(), indent=1))
         (staging / "compile.json").write_text(json.dumps(summary, indent=1))
-        (staging / "config.json").write_text(json.dumps(sn.config.to_dict(), indent=1))
+        (staging / CONFIG).write_text(json.dumps(config.to_dict(), indent=1))
         for f in staging.iterdir():
             os.replace(f, out / f.name)
     finally:
@@ -92,9 +93,10 @@ def _example(size: int | None, channels: int = 3) -> torch.Tensor | None:
 def cmd_compile(args: argparse.Namespace) -> int:
     import autotailor as at
 
-    sn = at.compile(args.model, _example(args.input_size), config=args.config)
+    config = at.load_config(args.config)
+    sn = at.compile(args.model, _example(args.input_size), config=config)
     summary = _summary(sn)
-    _write_work(sn, Path(args.out), summary)
+    _write_work(sn, config, Path(args.out), summary)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -126,13 +128,14 @@ _TUNE_FLAGS = ("steps", "subnets", "optimizer", "lr", "weight_decay", "warmup_st
                "checkpoint_every")
 
 
-def _step_settings(cls, sn, section: str, args: argparse.Namespace, flags: dict[str, object]):
-    """A step's settings: its ``[section]`` table in the work directory's config, then in
-    ``--config`` (if given), then the flags given (those not None)."""
+def _step_settings(cls, section: str, args: argparse.Namespace, flags: dict[str, object]):
+    """A step's settings: its ``[section]`` table in the work directory's config (``WORK/config.json``,
+    from the compile), then in ``--config`` (if given), then the flags given (those not None)."""
     from autotailor.compiler.config import load_config
     from autotailor.settings import merge_settings
 
-    tables = [sn.config.steps.get(section, {})]
+    path = Path(args.work) / CONFIG
+    tables = [load_config(json.loads(path.read_text())).steps.get(section, {}) if path.is_file() else {}]
     if getattr(args, "config", None):
         tables.append(load_config(args.config).steps.get(section, {}))
     return merge_settings(cls, section, *tables, {k: v for k, v in flags.items() if v is not None})
@@ -151,7 +154,7 @@ def _validation_data(sn, args: argparse.Namespace, flags: dict[str, object]):
     if not spec:
         return None
     measured = {k: info[k] for k in ("validation_images", "calibration_batches", "seed") if k in info}
-    base = _step_settings(EvalSettings, sn, "sensitivity", args, {})
+    base = _step_settings(EvalSettings, "sensitivity", args, {})
     settings = merge_settings(EvalSettings, "sensitivity", vars(base) | measured,
                               {k: v for k, v in flags.items() if v is not None})
     return eval_data(spec, sn.example_shape[-1], settings)
@@ -171,7 +174,7 @@ def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
     flags = {k: getattr(args, k, None) for k in _TUNE_FLAGS}
     if subnets is not None:  # train: the largest SubNet alone
         flags["subnets"] = subnets
-    config = _step_settings(TuneConfig, sn, name, args, flags)
+    config = _step_settings(TuneConfig, name, args, flags)
     train, _ = load_data(args.data, seed=config.seed)
     loader = BatchLoader(train, args.batch_size, train=True, resolution=sn.example_shape[-1], seed=config.seed)
     tuner = Tuner(sn, loader, config, Path(args.work) / f"{name}.ckpt")
@@ -315,7 +318,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     from autotailor.predict.accuracy import measure_sensitivity
 
     sn = _load_work(args.work)
-    settings = _step_settings(EvalSettings, sn, "sensitivity", args, {
+    settings = _step_settings(EvalSettings, "sensitivity", args, {
         "validation_images": args.validation_images, "calibration_batches": args.calibration_batches,
         "batch_size": args.batch_size, "seed": args.seed})
     data = eval_data(args.data, sn.example_shape[-1], settings)
@@ -347,11 +350,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autotailor.pipeline.finalists import Finalists
+    from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.selection import SearchSettings, objectives_for, run_search
     from autotailor.pipeline.workdir import device_setup
 
     sn = _load_work(args.work)
-    settings = _step_settings(SearchSettings, sn, "search", args, {
+    settings = _step_settings(SearchSettings, "search", args, {
         "latency_ms": _floats(args.latency_ms), "macs": _floats(args.macs_m, 1e6),
         "params": _floats(args.params_m, 1e6), "memory_bytes": _floats(args.memory_mb, 2.0**20),
         "budgets": args.budgets, "axis": args.axis, "generations": args.generations,
@@ -386,41 +390,39 @@ def cmd_search(args: argparse.Namespace) -> int:
                             on_subnet=lambda done, total: progress.update(timed, completed=done, total=total),
                             finalists=finalists,
                             on_finalist=lambda done, total: progress.update(tested, completed=done, total=total))
-    text = Path(args.work, "search.json").read_text()
-    found = json.loads(text)
-    met = [c for c in found["choices"] if c["arch"] is not None]
+    found = SearchRecord.read(args.work)
     print(f"{len(result.choices)} budgets searched in {result.seconds:.1f} s ({result.predictions} predictions"
-          + (f", {found['verify_rounds']} verify rounds" if settings.verify else "")
-          + f"); {len(met)} met; choices in {args.work}/search.json")
+          + (f", {found.verify_rounds} verify rounds" if settings.verify else "")
+          + f"); {len(found.met)} met; choices in {args.work}/{SearchRecord.FILE}")
     if args.json:
-        print(text)
+        print(json.dumps({"schema": SearchRecord.SCHEMA, **found.to_dict()}, indent=1))
         return 0
-    for c in found["choices"]:
-        if c["arch"] is None:
-            print(f"  {c['budget']}: no SubNet meets it")
+    for c in found.choices:
+        if c.arch is None:
+            print(f"  {c.budget}: no SubNet meets it")
             continue
-        shown = ", ".join(f"{m} {v:.4g}" for m, v in c["metrics"].items() if m in ("latency_ms", "macs", "params"))
-        if c.get("measured_latency_ms") is not None:
-            shown += f" (measured {c['measured_latency_ms']:.4g} ms)"
-        measured = c.get("measured_accuracy")
-        print(f"  {c['budget']}: predicted accuracy {100 * c['accuracy']:.2f} %"
-              + (f" (measured {100 * measured:.2f} %)" if measured is not None else "") + f", {shown}")
+        shown = ", ".join(f"{m} {v:.4g}" for m, v in c.metrics.items() if m in ("latency_ms", "macs", "params"))
+        if c.measured_latency_ms is not None:
+            shown += f" (measured {c.measured_latency_ms:.4g} ms)"
+        print(f"  {c.budget}: predicted accuracy {100 * c.accuracy:.2f} %"
+              + (f" (measured {100 * c.measured_accuracy:.2f} %)" if c.measured_accuracy is not None else "")
+              + f", {shown}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from autotailor.pipeline.deployment import ExportSettings, check_formats, export_choices
-    from autotailor.pipeline.selection import pick, read_search
+    from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.workdir import device_setup
 
     sn = _load_work(args.work)
-    settings = _step_settings(ExportSettings, sn, "export", args, {
+    settings = _step_settings(ExportSettings, "export", args, {
         "formats": tuple(args.format.split(",")) if args.format else None, "pick": args.pick})
     check_formats(settings.formats)
-    found = read_search(args.work)
-    chosen = pick(found, settings.pick)
+    found = SearchRecord.read(args.work)
+    chosen = found.pick(settings.pick)
     data = _validation_data(sn, args, {})
-    device_spec = args.device or found.get("device")
+    device_spec = args.device or found.device
     device = device_setup(sn, args.work, device_spec, args.device_name) if device_spec and device_spec != "none" else None
 
     def done(e) -> None:
@@ -457,7 +459,7 @@ def _execute(plan) -> int:
 
     started = time.perf_counter()
     record = execute(plan, main, lambda name, state: print(f"== {name}: {state}", flush=True))
-    print(f"run finished in {time.perf_counter() - started:.1f} s ({sum(s['seconds'] for s in record['steps'].values()):.1f} s "
+    print(f"run finished in {time.perf_counter() - started:.1f} s ({record.seconds:.1f} s "
           f"over all sessions); report: {plan.work / 'report.md'}")
     return 0
 

@@ -61,9 +61,10 @@ class TailorConfig:
         return t.defaults[key] if key in t.defaults else setting_kind("block_vars", key).default("block_vars")
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as the TOML file's tables (``load_config`` reads it back)."""
         return {
             "title": self.title,
-            "blocks": list(self.blocks) if self.blocks is not None else None,
+            **({"arch": {"blocks": list(self.blocks)}} if self.blocks is not None else {}),
             "var": {"global_vars": {k: list(v) for k, v in self.global_vars.items()},
                     "stage_vars": {k: list(v) for k, v in self.stage_vars.items()},
                     "block_vars": {t: {k: list(v) for k, v in vs.items()} for t, vs in self.block_vars.items()}},

@@ -20,7 +20,6 @@ import hashlib
 import io
 import logging
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from autotailor.errors import DataError
+from autotailor.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +85,8 @@ def _cached(path: Path, size: int | None, build) -> ArrayDataset:
         with np.load(cache, allow_pickle=False) as f:
             return ArrayDataset(f["images"], f["labels"], [str(c) for c in f["classes"]])
     data = build()
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".npz.tmp")
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as out:
-            np.savez(out, images=data.images, labels=data.labels, classes=np.array(data.classes))
-        os.replace(tmp, cache)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_write(cache) as tmp, open(tmp, "wb") as out:
+        np.savez(out, images=data.images, labels=data.labels, classes=np.array(data.classes))
     log.info("decoded %d images from %s (cached in %s)", len(data), path, cache)
     return data
 

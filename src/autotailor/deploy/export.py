@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.errors import ExportError
+from autotailor.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -24,19 +25,13 @@ log = logging.getLogger(__name__)
 def _exporting(net: nn.Module, path: Path, what: str) -> Iterator[Path]:
     """Yield a temporary file next to ``path`` with ``net`` in eval mode; on success move it
     to ``path``, on failure delete it and raise ``ExportError``. Restores the mode."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
     was_training = net.training
     net.eval()
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with atomic_write(path) as tmp, warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             yield tmp
-        os.replace(tmp, path)
     except Exception as exc:
-        tmp.unlink(missing_ok=True)
         raise ExportError(f"{what} export to {path} failed: {type(exc).__name__}: {exc}") from exc
     finally:
         net.train(was_training)

@@ -14,11 +14,12 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autotailor.errors import ExportError
 from autotailor.predict.latency import export_formats, format_backend
-from autotailor.pipeline.workdir import EXPORTS, DeviceSetup, EvalData, write_json
+from autotailor.files import write_text
+from autotailor.pipeline.results import Chosen, Exported, ExportsRecord
+from autotailor.pipeline.workdir import DeviceSetup, EvalData
 from autotailor.tune import evaluate, recalibrated
 
 log = logging.getLogger(__name__)
@@ -40,39 +41,26 @@ class ExportSettings:
     pick: str = "all"  # all, a budget label (8ms, latency_ms=8) or a budget's position
 
 
-@dataclass
-class Exported:
-    name: str
-    arch: dict[str, Any]
-    files: list[str]
-    predicted: dict[str, float | None]
-    measured: dict[str, float | None]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "arch": self.arch, "files": self.files, "predicted": self.predicted,
-                "measured": self.measured}
-
-
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
-def export_choices(sn, work: str | Path, choices: Sequence[dict[str, Any]], formats: Sequence[str],
+def export_choices(sn, work: str | Path, choices: Sequence[Chosen], formats: Sequence[str],
                    data: EvalData | None, device: DeviceSetup | None,
                    on_done: Callable[[Exported], None] | None = None) -> list[Exported]:
-    """Export each chosen SubNet (``search.json`` entries) and measure it; write ``WORK/exports.json``."""
+    """Export each chosen SubNet (of ``search.json``) and measure it; write ``WORK/exports.json``."""
     formats = check_formats(formats)
     out = []
     for choice in choices:
-        arch = sn.space.complete(choice["arch"])
-        folder = Path(work) / "export" / _slug(choice["budget"])
+        arch = sn.space.complete(choice.arch)
+        folder = Path(work) / "export" / _slug(choice.budget)
         folder.mkdir(parents=True, exist_ok=True)
         shape = tuple(sn.input_shape(arch))
         if data is not None:
             with recalibrated(sn, arch, data.calibration):
                 net = sn.extract(arch).eval()
         else:
-            log.warning("exporting %s without BatchNorm recalibration (no data given)", choice["budget"])
+            log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
             net = sn.extract(arch).eval()
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
         measured: dict[str, float | None] = {"latency_ms": None, "accuracy": None}
@@ -83,12 +71,12 @@ def export_choices(sn, work: str | Path, choices: Sequence[dict[str, Any]], form
                 measured["latency_ms"] = backend.time(backend.load(path, shape)).median_ms
         if data is not None:
             measured["accuracy"] = evaluate(sn, arch, data.val, data.calibration)
-        predicted = {"accuracy": choice.get("accuracy"), **choice.get("metrics", {})}
+        predicted = {"accuracy": choice.accuracy, **choice.metrics}
         written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
-        item = Exported(choice["budget"], arch, [str(p) for p in written], predicted, measured)
-        (folder / "arch.json").write_text(json.dumps(arch, indent=1))
+        item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured)
+        write_text(folder / "arch.json", json.dumps(arch, indent=1))
         out.append(item)
         if on_done:
             on_done(item)
-    write_json(Path(work) / EXPORTS, [e.to_dict() for e in out])
+    ExportsRecord(out).write(work)
     return out

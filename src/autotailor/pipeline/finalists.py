@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotailor.pipeline.workdir import write_json
+from autotailor.files import write_text
 from autotailor.search import Budget, Objectives, SearchResult, rank
 from autotailor.supernet import Arch
 
@@ -69,7 +69,7 @@ class Finalists:
                 on_subnet(i, len(todo))
             full = self.sn.space.complete(arch)
             self.measured[key] = {"arch": full, "accuracy": evaluate(self.sn, full, self.data.val, self.data.calibration)}
-            write_json(self.path, {"info": self.data.describe(), "subnets": self.measured})
+            write_text(self.path, json.dumps({"info": self.data.describe(), "subnets": self.measured}, indent=1))
         if on_subnet and todo:
             on_subnet(len(todo), len(todo))
         return len(todo)

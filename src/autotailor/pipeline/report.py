@@ -6,12 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotailor.pipeline.workdir import EXPORTS, RUN, SEARCH, SENSITIVITY
+from autotailor.files import write_text
+from autotailor.pipeline.results import ExportsRecord, Record, RunRecord, SearchRecord
+from autotailor.pipeline.workdir import SENSITIVITY
 from autotailor.search import METRICS
 
 
 def _load(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _record(cls: type[Record], work: Path) -> Any:
+    return cls.read(work) if cls.exists(work) else None
 
 
 def _fmt(metric: str, value: float | None) -> str:
@@ -23,32 +29,32 @@ def _fmt(metric: str, value: float | None) -> str:
     return f"{value / scale:.3g} {unit}"
 
 
-def plot(work: Path, search: dict[str, Any], exports: list[dict[str, Any]] | None) -> Path:
+def plot(work: Path, search: SearchRecord, exports: ExportsRecord | None) -> Path:
     """The Pareto front (predicted), the chosen SubNets (predicted and, if exported, measured)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a server
     import matplotlib.pyplot as plt
 
-    axis = search["axis"]
+    axis = search.axis
     unit, scale = METRICS[axis]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    front = search["front"]
+    front = search.front
     ax.plot([f[axis] / scale for f in front], [100 * f["accuracy"] for f in front], "-", color="0.6",
             label="Pareto front (predicted)")
-    chosen = [c for c in search["choices"] if c["arch"] is not None]
-    ax.plot([c["metrics"][axis] / scale for c in chosen], [100 * c["accuracy"] for c in chosen], "o",
+    chosen = search.met
+    ax.plot([c.metrics[axis] / scale for c in chosen], [100 * c.accuracy for c in chosen], "o",
             color="tab:blue", label="chosen SubNets (predicted)")
-    measured = [e for e in exports or [] if e["measured"].get("accuracy") is not None
-                and (axis != "latency_ms" or e["measured"].get("latency_ms") is not None)]
+    measured = [e for e in (exports.exports if exports else []) if e.measured.get("accuracy") is not None
+                and (axis != "latency_ms" or e.measured.get("latency_ms") is not None)]
     if measured:
-        xs = [(e["measured"]["latency_ms"] if axis == "latency_ms" else e["predicted"][axis]) / scale for e in measured]
-        ax.plot(xs, [100 * e["measured"]["accuracy"] for e in measured], "s", color="tab:red",
+        xs = [(e.measured["latency_ms"] if axis == "latency_ms" else e.predicted[axis]) / scale for e in measured]
+        ax.plot(xs, [100 * e.measured["accuracy"] for e in measured], "s", color="tab:red",
                 label="exported SubNets (measured)")
     for c in chosen:
-        if axis in c["limits"]:
-            ax.axvline(c["limits"][axis] / scale, color="tab:blue", alpha=0.08, lw=1)
-    ax.set_xlabel(f"{axis} ({unit})" + (f" on {search['target']}" if axis == "latency_ms" and search["target"] else ""))
+        if axis in c.limits:
+            ax.axvline(c.limits[axis] / scale, color="tab:blue", alpha=0.08, lw=1)
+    ax.set_xlabel(f"{axis} ({unit})" + (f" on {search.target}" if axis == "latency_ms" and search.target else ""))
     ax.set_ylabel("top-1 accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
@@ -63,10 +69,10 @@ def write_report(work: str | Path) -> Path:
     """Write ``WORK/report.md`` (and ``report.png`` when a search has run); returns the Markdown path."""
     work = Path(work)
     compile_info = _load(work / "compile.json") or {}
-    run = _load(work / RUN)
+    run = _record(RunRecord, work)
     sens = _load(work / SENSITIVITY)
-    search = _load(work / SEARCH)
-    exports = _load(work / EXPORTS)
+    search = _record(SearchRecord, work)
+    exports = _record(ExportsRecord, work)
     lines = [f"# AutoTailor report: {compile_info.get('source', work.name)}", ""]
     if compile_info:
         lines += [f"SuperNet: {compile_info.get('num_modifications')} single modifications, "
@@ -74,9 +80,8 @@ def write_report(work: str | Path) -> Path:
                   f"input {compile_info.get('input_shape')}.", ""]
     if run:
         lines += ["## Time per step", "", "| step | seconds |", "|---|---|"]
-        lines += [f"| {s} | {info['seconds']:.1f} |" for s, info in run.get("steps", {}).items()]
-        total = sum(info["seconds"] for info in run.get("steps", {}).values())
-        lines += [f"| total | {total:.1f} |", ""]
+        lines += [f"| {s} | {done.seconds:.1f} |" for s, done in run.steps.items()]
+        lines += [f"| total | {run.seconds:.1f} |", ""]
     if sens:
         worst = sorted(sens["deltas"].items(), key=lambda kv: -kv[1])[:5]
         lines += ["## Accuracy predictor (sensitivities)", "",
@@ -85,29 +90,28 @@ def write_report(work: str | Path) -> Path:
                   f"measured in {sens['seconds']:.1f} s. Most sensitive: "
                   + ", ".join(f"`{k}` {100 * v:.2f} pts" for k, v in worst) + ".", ""]
     if search:
-        verified = any("measured_latency_ms" in c for c in search["choices"])
-        finalists = search.get("finalists", 0)
+        verified, finalists, shown = search.verified, search.finalists, _shown(search)
         lines += ["## Search", "",
-                  f"{len(search['choices'])} budgets searched in {search['seconds']:.1f} s "
-                  f"({search['predictions']} predictions; beam {search['beam_size']} SubNets)"
-                  + (f" for {search['target']}" if search["target"] else "") + "."
+                  f"{len(search.choices)} budgets searched in {search.seconds:.1f} s "
+                  f"({search.predictions} predictions; beam {search.beam_size} SubNets)"
+                  + (f" for {search.target}" if search.target else "") + "."
                   + (f" The chosen SubNets were measured on it (scaled to the machine's speed when the LUT was "
                      f"built) and the searches repeated "
-                     f"{search['verify_rounds']} time(s) with the latency model refitted to them: "
-                     f"{search['latency_model']}." if verified else "")
+                     f"{search.verify_rounds} time(s) with the latency model refitted to them: "
+                     f"{search.latency_model}." if verified else "")
                   + (f" Each budget's {finalists} best-predicted SubNets were measured for accuracy on the "
                      "validation subset, and the most accurate chosen." if finalists else ""), "",
                   "| budget | predicted accuracy | " + ("measured accuracy | " if finalists else "")
-                  + " | ".join(f"predicted {m}" for m in _shown(search))
+                  + " | ".join(f"predicted {m}" for m in shown)
                   + (" | measured latency_ms |" if verified else " |"),
-                  "|---|---|" + "---|" * (len(_shown(search)) + verified + bool(finalists))]
-        for c in search["choices"]:
-            cells = [_fmt(m, c["metrics"].get(m)) for m in _shown(search)] if c["arch"] else ["no SubNet meets it"]
-            if finalists and c["arch"]:
-                cells.insert(0, _fmt("accuracy", c.get("measured_accuracy")))
-            if verified and c["arch"]:
-                cells.append(_fmt("latency_ms", c.get("measured_latency_ms")))
-            lines.append(f"| {c['budget']} | {_fmt('accuracy', c['accuracy'])} | " + " | ".join(cells) + " |")
+                  "|---|---|" + "---|" * (len(shown) + verified + bool(finalists))]
+        for c in search.choices:
+            cells = [_fmt(m, c.metrics.get(m)) for m in shown] if c.arch else ["no SubNet meets it"]
+            if finalists and c.arch:
+                cells.insert(0, _fmt("accuracy", c.measured_accuracy))
+            if verified and c.arch:
+                cells.append(_fmt("latency_ms", c.measured_latency_ms))
+            lines.append(f"| {c.budget} | {_fmt('accuracy', c.accuracy)} | " + " | ".join(cells) + " |")
         lines += ["", f"![Pareto front]({plot(work, search, exports).name})", ""]
     if exports:
         lines += ["## Exported SubNets, measured", "",
@@ -115,21 +119,19 @@ def write_report(work: str | Path) -> Path:
                   "search's measurements.", "",
                   "| budget | predicted latency | measured latency | predicted accuracy | measured accuracy | files |",
                   "|---|---|---|---|---|---|"]
-        for e in exports:
+        for e in exports.exports:
             files = ", ".join(f"`{Path(f).relative_to(work) if Path(f).is_relative_to(work) else f}`"
-                              for f in e["files"])
-            lines.append(f"| {e['name']} | {_fmt('latency_ms', e['predicted'].get('latency_ms'))} | "
-                         f"{_fmt('latency_ms', e['measured'].get('latency_ms'))} | "
-                         f"{_fmt('accuracy', e['predicted'].get('accuracy'))} | "
-                         f"{_fmt('accuracy', e['measured'].get('accuracy'))} | {files} |")
+                              for f in e.files)
+            lines.append(f"| {e.name} | {_fmt('latency_ms', e.predicted.get('latency_ms'))} | "
+                         f"{_fmt('latency_ms', e.measured.get('latency_ms'))} | "
+                         f"{_fmt('accuracy', e.predicted.get('accuracy'))} | "
+                         f"{_fmt('accuracy', e.measured.get('accuracy'))} | {files} |")
         lines.append("")
-    path = work / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_text(work / "report.md", "\n".join(lines))
 
 
-def _shown(search: dict[str, Any]) -> list[str]:
+def _shown(search: SearchRecord) -> list[str]:
     """Metrics shown per budget: the constrained ones first, then latency and MACs if known."""
-    constrained = sorted({m for c in search["choices"] for m in c["limits"]})
-    known = next((c["metrics"] for c in search["choices"] if c["arch"]), {})
+    constrained = sorted({m for c in search.choices for m in c.limits})
+    known = next((c.metrics for c in search.met), {})
     return constrained + [m for m in ("latency_ms", "macs", "memory_bytes") if m in known and m not in constrained]

@@ -26,16 +26,14 @@ an interrupted step resumes from its own checkpoint or table.
 
 from __future__ import annotations
 
-import json
 import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autotailor.errors import AutoTailorError, ConfigError
-from autotailor.pipeline.workdir import RUN, write_json
+from autotailor.pipeline.results import RunRecord, StepDone
 
 #: ``autotailor demo``: ResNet-18 trained from scratch on scikit-learn's handwritten digits
 #: (real data that ships with a dependency, so it runs offline), for this machine's CPU.
@@ -117,13 +115,12 @@ def plan_run(config: str | Path, work: str | Path | None = None) -> RunPlan:
 
 
 def execute(plan: RunPlan, command: Callable[[list[str]], int],
-            on_step: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+            on_step: Callable[[str, str], None] | None = None) -> RunRecord:
     """Run the plan's steps not yet recorded as done in ``WORK/run.json`` through ``command``
     (the CLI's ``main``), recording each as it finishes; returns the record."""
-    path = plan.work / RUN
-    record = json.loads(path.read_text()) if path.is_file() else {"config": str(plan.config), "steps": {}}
+    record = RunRecord.read(plan.work) if RunRecord.exists(plan.work) else RunRecord(str(plan.config))
     for name, argv in plan.steps:
-        if name in record["steps"] and name != "report":
+        if name in record.steps and name != "report":
             if on_step:
                 on_step(name, "done before")
             continue
@@ -136,7 +133,6 @@ def execute(plan: RunPlan, command: Callable[[list[str]], int],
                               "fix it and run again to resume from this step")
         if name == "report":
             continue
-        record["steps"][name] = {"seconds": round(time.perf_counter() - started, 2), "argv": argv}
-        plan.work.mkdir(parents=True, exist_ok=True)
-        write_json(path, record)
+        record.steps[name] = StepDone(round(time.perf_counter() - started, 2), {"argv": argv})
+        record.write(plan.work)
     return record

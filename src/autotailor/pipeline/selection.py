@@ -1,4 +1,4 @@
-"""The search step: predictors of a work directory, budgets, and ``search.json``."""
+"""The search step: predictors of a work directory, budgets, and ``search.json`` (``SearchRecord``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 from autotailor.errors import AutoTailorError
 from autotailor.pipeline.finalists import Finalists
-from autotailor.pipeline.workdir import SEARCH, SENSITIVITY, DeviceSetup, read_json, write_json
+from autotailor.pipeline.results import Chosen, SearchRecord
+from autotailor.pipeline.workdir import SENSITIVITY, DeviceSetup
 from autotailor.search import (METRICS, Budget, Choice, EvolutionSettings, Objectives, SearchError, SearchResult,
                                search)
 from autotailor.supernet import Arch
@@ -140,24 +141,22 @@ def zip_budgets(limits: dict[str, Sequence[float]]) -> list[Budget]:
     return [Budget.of(**{m: (v[0] if len(v) == 1 else v[i]) for m, v in limits.items()}) for i in range(n)]
 
 
-def _choice_dict(choice: Choice, space, measured: dict[str, float] | None,
-                 finalists: Finalists | None) -> dict[str, Any]:
-    out = {"budget": choice.budget.name, "limits": choice.budget.as_dict(), "arch": choice.arch,
-           "accuracy": choice.accuracy, "metrics": choice.metrics, "seconds": round(choice.seconds, 4)}
-    if finalists is not None and choice.arch is not None:
-        out["measured_accuracy"] = finalists.accuracy(choice.arch)
-    if measured is not None and choice.arch is not None:
-        from autotailor.predict.latency import subnet_key
+def _chosen(choice: Choice, space, measured: dict[str, float] | None, finalists: Finalists | None) -> Chosen:
+    from autotailor.predict.latency import subnet_key
 
-        out["measured_latency_ms"] = measured.get(subnet_key(space.complete(choice.arch)))
-    return out
+    known = choice.arch is not None
+    return Chosen(choice.budget.name, choice.budget.as_dict(), choice.arch, choice.accuracy, choice.metrics,
+                  round(choice.seconds, 4),
+                  measured_accuracy=finalists.accuracy(choice.arch) if finalists is not None and known else None,
+                  measured_latency_ms=measured.get(subnet_key(space.complete(choice.arch)))
+                  if measured is not None and known else None)
 
 
 def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: SearchSettings,
                objectives: Objectives | None = None, on_budget: Callable[[int, Choice], None] | None = None,
                on_subnet: Callable[[int, int], None] | None = None, finalists: Finalists | None = None,
                on_finalist: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Search every budget of ``settings`` and write ``WORK/search.json``.
+    """Search every budget of ``settings`` and write ``WORK/search.json`` (``SearchRecord``).
 
     ``settings.verify`` > 0 (with a device): the chosen SubNets are measured on the device
     (``DeviceSetup.measure``), the latency predictor is fitted again with them, and the budgets
@@ -205,20 +204,20 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         result = dataclasses.replace(result, choices=[_within_measured(c, objectives, measured, finalists)
                                                       for c in result.choices])
     result = dataclasses.replace(result, seconds=seconds, predictions=predictions)
-    write_json(Path(work) / SEARCH, {
-        "device": device.spec if device else None,
-        "target": str(device.target) if device else None,
-        "latency_model": device.predictor().describe() if measured is not None else None,
-        "axis": result.axis,
-        "settings": dataclasses.asdict(evolution),
-        "seconds": result.seconds,
-        "predictions": result.predictions,
-        "verify_rounds": rounds,
-        "beam_size": result.beam_size,
-        "finalists": finalists.count if finalists else 0,
-        "choices": [_choice_dict(c, sn.space, measured, finalists) for c in result.choices],
-        "front": [{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
-    })
+    SearchRecord(
+        device=device.spec if device else None,
+        target=str(device.target) if device else None,
+        latency_model=device.predictor().describe() if measured is not None else None,
+        axis=result.axis,
+        settings=dataclasses.asdict(evolution),
+        seconds=result.seconds,
+        predictions=result.predictions,
+        verify_rounds=rounds,
+        beam_size=result.beam_size,
+        finalists=finalists.count if finalists else 0,
+        choices=[_chosen(c, sn.space, measured, finalists) for c in result.choices],
+        front=[{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
+    ).write(work)
     return result
 
 
@@ -240,29 +239,3 @@ def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str,
              choice.budget.name, objectives.metric("latency_ms", objectives.space.complete(choice.arch)))
     return dataclasses.replace(choice, arch=best, accuracy=objectives.accuracy(best),
                                metrics={m: objectives.metric(m, best) for m in objectives.metrics})
-
-
-def read_search(work: str | Path) -> dict[str, Any]:
-    return read_json(Path(work) / SEARCH, "no search has run here",
-                     f"run `autotailor search {work} --latency-ms ...` first")
-
-
-def pick(search_json: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """The chosen SubNets ``name`` designates: ``all``, a budget label (``8ms``, ``latency_ms=8``)
-    or a budget's position (0, 1, ...)."""
-    from autotailor.search import parse_budget_label
-
-    found = [c for c in search_json["choices"] if c["arch"] is not None]
-    if name == "all":
-        return found
-    if name.isdigit():
-        i = int(name)
-        if i < len(search_json["choices"]) and search_json["choices"][i]["arch"] is not None:
-            return [search_json["choices"][i]]
-    else:
-        metric, value = parse_budget_label(name)
-        matches = [c for c in found if abs(c["limits"].get(metric, float("nan")) - value) <= 1e-9 * max(1, value)]
-        if matches:
-            return matches
-    labels = ", ".join(c["budget"] for c in found) or "none (no budget was met)"
-    raise SearchError(f"--pick {name!r} names no chosen SubNet; the search chose: {labels} (or pick all, or 0..)")

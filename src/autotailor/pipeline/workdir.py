@@ -2,6 +2,7 @@
 
 ```
 WORK/supernet.pt        compile, train, tune     the SuperNet and its weights
+WORK/config.json        compile                  the configuration: the space and the steps' tables
 WORK/latency.sqlite     profile                  latency lookup tables, one per target
 WORK/sensitivity.json   sensitivity              Δ of every single modification
 WORK/search.json        search                   the SubNet chosen per budget, the Pareto front
@@ -16,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,25 +26,9 @@ import torch
 
 from autotailor.errors import AutoTailorError
 
+CONFIG = "config.json"
 SENSITIVITY = "sensitivity.json"
-SEARCH = "search.json"
-EXPORTS = "exports.json"
 LUT = "latency.sqlite"
-RUN = "run.json"
-
-
-def read_json(path: Path, what: str, how: str) -> Any:
-    """``path``'s JSON, or an error that says which step writes it."""
-    if not path.is_file():
-        raise AutoTailorError(f"{path} does not exist: {what}; {how}")
-    return json.loads(path.read_text())
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Atomic: a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def load_supernet(work: str | Path):

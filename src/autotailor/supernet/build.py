@@ -8,6 +8,7 @@ outlining droppable blocks -> resolution check.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -67,7 +68,9 @@ def compile(  # noqa: A001 - the public name the API promises
     _outline(gm, plan)
     _unshare(gm, model)
     space = Space(plan.variables, plan.stages)
-    sn = SuperNet(gm, space, plan.block_templates, example_shape=tuple(example.shape), config=cfg)
+    # The SuperNet keeps the space's configuration; step tables ([tune], ...) live in the work directory.
+    sn = SuperNet(gm, space, plan.block_templates, example_shape=tuple(example.shape),
+                  config=dataclasses.replace(cfg, steps={}))
     sn.train(training)
     sn.compile_info = {
         "source": source,

@@ -20,9 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,6 +31,7 @@ import torch.nn.functional as F
 
 from autotailor.data.loader import BatchLoader, at_resolution
 from autotailor.errors import AutoTailorError
+from autotailor.files import atomic_write
 from autotailor.settings import merge_settings
 from autotailor.supernet import Arch, SuperNet
 
@@ -178,14 +177,8 @@ class Tuner:
             dist.barrier()  # every process has finished the step
             if self.rank != 0:
                 return
-        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.checkpoint.parent, prefix=self.checkpoint.name, suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_write(self.checkpoint) as tmp:
             torch.save(self.state(), tmp)
-            os.replace(tmp, self.checkpoint)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
 
     def resume(self) -> bool:
         """Continue from the checkpoint if there is one; it must come from the same settings."""

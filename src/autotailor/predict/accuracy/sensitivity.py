@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from autotailor.errors import AccuracyPredictorError
+from autotailor.files import write_text
 from autotailor.supernet import Arch, SuperNet
 from autotailor.supernet.space import Space
 from autotailor.tune import evaluate
@@ -120,10 +120,7 @@ class SensitivityTable:
 
     def save(self, path: str | Path) -> None:
         """Atomic: a crash leaves the previous table, never half a file."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, path)
+        write_text(path, json.dumps(self.to_dict(), indent=1))
 
 
 def measure_sensitivity(sn: SuperNet, val_batches: Batches, calibration: Batches, path: str | Path,

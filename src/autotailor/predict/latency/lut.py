@@ -10,15 +10,14 @@ exported to a JSON file and imported elsewhere: profile on the device, search on
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
 from autotailor.errors import AutoTailorError
+from autotailor.files import write_text
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS targets (
@@ -176,12 +175,7 @@ class LutStore:
             n += len(entries)
             data["targets"].append({"device": t.device, "backend": t.backend, "settings": dict(t.settings),
                                     "entries": entries})
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        write_text(path, json.dumps(data))
         return n
 
     def import_(self, path: str | Path) -> int:
