@@ -10,7 +10,7 @@ import torch.nn as nn
 import torchvision
 
 import autotailor as at
-from autotailor.ir import DynConv2d, Operator
+from autotailor.ir import Block, DynConv2d, Operator
 from conftest import rel_err, well_conditioned
 
 
@@ -128,7 +128,17 @@ def test_deduced_shapes_match_a_real_run(name: str) -> None:
         y = sn(torch.randn(sn.input_shape(arch)))
     for h in hooks:
         h.remove()
-    assert seen and all(deduced[n] == s for n, s in seen.items())
+    names = {}  # module path -> the node's name in deduce_shapes (ir.walk's)
+
+    def collect(gm, prefix: str) -> None:
+        for n in gm.graph.nodes:
+            if n.op == "call_module" and isinstance(gm.get_submodule(n.target), Block):
+                collect(gm.get_submodule(n.target).body, f"{prefix}{n.target}.body.")
+            elif n.op == "call_module":
+                names[prefix + n.target] = prefix + n.name
+
+    collect(sn.net, "")
+    assert seen and all(deduced[names[n]] == s for n, s in seen.items())
     assert deduced["output" if "output" in deduced else list(deduced)[-1]] == tuple(y.shape)
 
 
@@ -146,3 +156,16 @@ def test_the_users_model_is_not_modified() -> None:
         for p in sn.parameters():
             p.add_(1.0)
     assert all(torch.equal(before[k], model.state_dict()[k]) for k in before)
+
+
+class FixedView(nn.Module):
+    def forward(self, x):
+        return x.view(1, 3 * 8 * 8)
+
+
+def test_the_walker_names_the_node_that_failed() -> None:
+    from autotailor.compiler.graph_utils import run_error
+
+    gm = torch.fx.symbolic_trace(FixedView())
+    assert run_error(gm, torch.zeros(1, 3, 8, 8)) is None
+    assert run_error(gm, torch.zeros(1, 3, 4, 4)).startswith("GraphError: at node view (call_method view): RuntimeError")

@@ -10,7 +10,7 @@ from autotailor.errors import GraphError
 from autotailor.ir.shapes import run_meta
 
 
-def _record(prefix: str, n: fx.Node, value: object) -> None:
+def _record(name: str, n: fx.Node, value: object) -> None:
     # Activations are floating point; integer tensors are shapes and indices (ONNX's Shape op).
     n.meta["has_tensor"] = any(
         isinstance(v, torch.Tensor) and v.is_floating_point() for v in torch.utils._pytree.tree_leaves(value)

@@ -13,9 +13,9 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from autotailor.ir.block import Block
 from autotailor.ir.handlers import for_module
 from autotailor.ir.operators import DynParam, Operator
+from autotailor.ir.walk import GraphWalker
 
 OnNode = Callable[[str, fx.Node, Any], None]
 
@@ -27,29 +27,23 @@ def to_meta(value: Any) -> Any:
     return value
 
 
-class MetaInterpreter(fx.Interpreter):
-    """Runs a graph on meta tensors, calling ``on_node(prefix, node, value)`` after each node."""
+class MetaInterpreter(GraphWalker):
+    """Runs a graph on meta tensors, blocks inlined, calling ``on_node(name, node, value)`` after
+    each node (``name``: the walker's one name of the node)."""
 
-    def __init__(self, gm: fx.GraphModule, on_node: OnNode | None = None, prefix: str = ""):
-        super().__init__(gm)
-        self.on_node = on_node
-        self.prefix = prefix
+    def __init__(self, gm: fx.GraphModule, prefix: str = "", block: int | None = None,
+                 parent: "MetaInterpreter | None" = None, on_node: OnNode | None = None):
+        super().__init__(gm, prefix, block, parent)
+        self.on_node = on_node if parent is None else parent.on_node
 
-    def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
+    def visit(self, n: fx.Node, value: Any) -> None:
         if self.on_node is not None:
-            self.on_node(self.prefix, n, result)
-        return result
+            self.on_node(self.name_of(n), n, value)
 
     def get_attr(self, target, args, kwargs):
         return to_meta(super().get_attr(target, args, kwargs))
 
-    def call_module(self, target, args, kwargs):
-        mod = self.fetch_attr(target)
-        if isinstance(mod, Block):
-            if not mod.feature.active.enabled:
-                return args[0]
-            return MetaInterpreter(mod.body, self.on_node, f"{self.prefix}{target}.body.").run(args[0])
+    def call_layer(self, target, mod, args, kwargs):
         if isinstance(mod, DynParam):
             return torch.empty(mod.infer(), dtype=mod.value.dtype, device="meta")
         if isinstance(mod, Operator):
@@ -66,17 +60,17 @@ class MetaInterpreter(fx.Interpreter):
 def run_meta(net: fx.GraphModule, example: torch.Tensor, on_node: OnNode | None = None) -> Any:
     """Run ``net`` on a meta copy of ``example``."""
     with torch.no_grad():
-        return MetaInterpreter(net, on_node).run(to_meta(example))
+        return MetaInterpreter(net, on_node=on_node).run(to_meta(example))
 
 
 def deduce_shapes(net: fx.GraphModule, input_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """Output shape of every tensor-valued node of ``net``: module calls under their module
-    path in ``net`` (``block3.body.layer1.1.conv1``), other nodes under their node name."""
+    """Output shape of every tensor-valued node of ``net``, under the walker's name of the node
+    (``block3.body.layer1_1_conv1``: see ``ir.walk``)."""
     shapes: dict[str, tuple[int, ...]] = {}
 
-    def record(prefix: str, n: fx.Node, value: Any) -> None:
+    def record(name: str, n: fx.Node, value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            shapes[prefix + (n.target if n.op == "call_module" else n.name)] = tuple(value.shape)
+            shapes[name] = tuple(value.shape)
 
     run_meta(net, torch.empty(input_shape, device="meta"), record)
     return shapes

@@ -15,10 +15,11 @@ import torch.nn as nn
 
 from autotailor.compiler.config import TailorConfig
 from autotailor.ir.graph import get_attr
-from autotailor.errors import ArchError, AutoTailorError
+from autotailor.errors import AutoTailorError
 from autotailor.files import atomic_write
 from autotailor.ir import Block, DynParam, Operator
 from autotailor.ir.shapes import deduce_shapes
+from autotailor.ir.walk import GraphWalker
 from autotailor.supernet.space import Arch, Space
 
 _FORMAT = "autotailor-supernet/2"  # 2: operator handlers (ir/ops), variable kinds
@@ -101,21 +102,9 @@ class SuperNet(nn.Module):
         model's own functions: it runs, exports and pickles without AutoTailor.
         """
         with self.using(arch):
-            root = nn.Module()
-            graph = fx.Graph()
-            used: set[str] = set()
-
-            def unique(name: str) -> str:
-                base = name.replace(".", "_") or "m"
-                cand, i = base, 1
-                while cand in used:
-                    cand, i = f"{base}_{i}", i + 1
-                used.add(cand)
-                return cand
-
-            out = _emit(self.net, graph, root, None, unique)
-            graph.output(out)
-            net = fx.GraphModule(copy.deepcopy(root), graph, class_name="SubNet")
+            emitter = _Emitter(self.net)
+            emitter.out.output(emitter.run())
+            net = fx.GraphModule(copy.deepcopy(emitter.root), emitter.out, class_name="SubNet")
             net.train(self.training)
             return net
 
@@ -146,53 +135,55 @@ def load(path: str | Path) -> SuperNet:
     return data["supernet"]
 
 
-def _emit(gm: fx.GraphModule, graph: fx.Graph, root: nn.Module, entry: fx.Node | None, unique) -> Any:
-    """Copy ``gm``'s graph into ``graph``, inlining enabled blocks and building static layers.
+class _Emitter(GraphWalker):
+    """Copies the active SubNet's graph into ``out``: enabled blocks inlined, dynamic operators
+    built as static layers, constants copied into ``root`` under unique names."""
 
-    ``entry`` is the value bound to the placeholder (None at the top level). Returns the
-    value of the output node.
-    """
-    env: dict[fx.Node, Any] = {}
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            if entry is not None:
-                env[node] = entry
-            else:  # keep optional inputs optional (timm's ``attn_mask=None``)
-                default = node.args[0] if node.args else inspect.Signature.empty
-                env[node] = graph.placeholder(node.name, default_value=default)
-        elif node.op == "output":
-            return fx.node.map_arg(node.args[0], lambda n: env[n])
-        elif node.op == "get_attr":
-            name = unique(node.target)
-            value = get_attr(gm, node.target)
-            if isinstance(value, nn.Parameter):
-                root.register_parameter(name, nn.Parameter(value.detach().clone(), value.requires_grad))
-            elif isinstance(value, torch.Tensor):
-                root.register_buffer(name, value.detach().clone())
-            else:
-                setattr(root, name, copy.deepcopy(value))
-            env[node] = graph.get_attr(name)
-        elif node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            args = fx.node.map_arg(node.args, lambda n: env[n])
-            kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
-            if isinstance(mod, Block):
-                env[node] = _emit(mod.body, graph, root, args[0], unique) if mod.feature.active.enabled else args[0]
-            elif isinstance(mod, DynParam):
-                name = unique(node.target)
-                value = mod.build()
-                if isinstance(mod.value, nn.Parameter):
-                    root.register_parameter(name, nn.Parameter(value, mod.value.requires_grad))
-                else:
-                    root.register_buffer(name, value)
-                env[node] = graph.get_attr(name)
-            else:
-                name = unique(node.target)
-                root.add_module(name, mod.build() if isinstance(mod, Operator) else mod)
-                env[node] = graph.call_module(name, args, kwargs)
+    def __init__(self, gm: fx.GraphModule, prefix: str = "", block: int | None = None,
+                 parent: "_Emitter | None" = None):
+        super().__init__(gm, prefix, block, parent)
+        if parent is None:
+            self.out, self.root, self.used = fx.Graph(), nn.Module(), set()
         else:
-            args = fx.node.map_arg(node.args, lambda n: env[n])
-            kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
-            env[node] = graph.create_node(node.op, node.target, args, kwargs, name=node.name)
-    raise ArchError("graph without output")  # pragma: no cover
+            self.out, self.root, self.used = parent.out, parent.root, parent.used
 
+    def _unique(self, name: str) -> str:
+        base = name.replace(".", "_") or "m"
+        cand, i = base, 1
+        while cand in self.used:
+            cand, i = f"{base}_{i}", i + 1
+        self.used.add(cand)
+        return cand
+
+    def _constant(self, target: str, value: Any, requires_grad: bool | None = None) -> fx.Node:
+        name = self._unique(target)
+        if isinstance(value, torch.Tensor) and requires_grad is not None:
+            self.root.register_parameter(name, nn.Parameter(value.detach().clone(), requires_grad))
+        elif isinstance(value, torch.Tensor):
+            self.root.register_buffer(name, value.detach().clone())
+        else:
+            setattr(self.root, name, copy.deepcopy(value))
+        return self.out.get_attr(name)
+
+    def placeholder(self, target, args, kwargs):
+        if self.parent is not None:
+            return super().placeholder(target, args, kwargs)
+        n = self.node  # keep optional inputs optional (timm's ``attn_mask=None``)
+        return self.out.placeholder(n.name, default_value=n.args[0] if n.args else inspect.Signature.empty)
+
+    def get_attr(self, target, args, kwargs):
+        value = get_attr(self.module, target)
+        return self._constant(target, value, value.requires_grad if isinstance(value, nn.Parameter) else None)
+
+    def call_layer(self, target, mod, args, kwargs):
+        if isinstance(mod, DynParam):
+            return self._constant(target, mod.build(),
+                                  mod.value.requires_grad if isinstance(mod.value, nn.Parameter) else None)
+        name = self._unique(target)
+        self.root.add_module(name, mod.build() if isinstance(mod, Operator) else mod)
+        return self.out.call_module(name, args, kwargs)
+
+    def call_function(self, target, args, kwargs):
+        return self.out.create_node(self.node.op, target, args, kwargs, name=self.node.name)
+
+    call_method = call_function

@@ -28,11 +28,12 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autotailor.compiler.variables import kind
-from autotailor.errors import AutoTailorError, LatencyError
-from autotailor.ir import Block, DynParam, Operator
+from autotailor.errors import LatencyError
+from autotailor.ir import DynParam, Operator
 from autotailor.ir.graph import get_attr
 from autotailor.ir.handlers import DEFAULT, OpHandler, for_module, for_node, target_name
 from autotailor.ir.shapes import run_meta
+from autotailor.ir.walk import GraphWalker
 from autotailor.supernet import Arch, SuperNet
 
 log = logging.getLogger(__name__)
@@ -67,57 +68,59 @@ def _literal(value: Any) -> str:
     return "T" if isinstance(value, fx.Node) else repr(value)
 
 
+class _Flattener(GraphWalker):
+    """Walks every block (dropped or not) and records each computation as a ``Node``; the
+    values it passes along are the producing nodes' names."""
+
+    inline_disabled = True
+
+    def __init__(self, gm, prefix="", block=None, parent=None):
+        super().__init__(gm, prefix, block, parent)
+        self.nodes: list[Node] = [] if parent is None else parent.nodes
+        self.const_names: set[str] = set() if parent is None else parent.const_names
+
+    def _add(self, kind: str, describe: str, **fields: Any) -> str:
+        n = self.node
+        name = self.name_of(n)
+        args_map = {a: self.env[a] for a in n.all_input_nodes}
+        inputs = tuple(dict.fromkeys(v for v in args_map.values() if v not in self.const_names))
+        if fields.get("const"):
+            self.const_names.add(name)
+            inputs = ()
+        self.nodes.append(Node(name, kind, describe, inputs, self.block, self.prefix, fx_node=n,
+                               owner=self.module, args_map=args_map, **fields))
+        return name
+
+    def placeholder(self, target, args, kwargs):
+        if self.parent is not None:
+            return super().placeholder(target, args, kwargs)
+        return self._add("input", "")
+
+    def get_attr(self, target, args, kwargs):
+        return self._add("const", "", const=True, is_param=isinstance(get_attr(self.module, target), nn.Parameter))
+
+    def call_layer(self, target, mod, args, kwargs):
+        if isinstance(mod, DynParam):
+            return self._add("param", "", const=True, is_param=isinstance(mod.value, nn.Parameter))
+        handler = for_module(mod)
+        return self._add(handler.kind(mod), handler.describe(mod), handler=handler, facts=handler.facts(mod),
+                         kernel_var=mod.reads.get("kernel_size") if isinstance(mod, Operator) else None)
+
+    def call_function(self, target, args, kwargs):
+        n = self.node
+        literals = ",".join(_literal(a) for a in n.args) + "," + ",".join(
+            f"{k}={_literal(v)}" for k, v in n.kwargs.items())
+        return self._add(target_name(target), literals, handler=for_node(self.module, n))
+
+    call_method = call_function
+
+
 def flatten(sn: SuperNet) -> list[Node]:
-    """The SuperNet's computations in execution order, blocks inlined."""
-    nodes: list[Node] = []
-    const_names: set[str] = set()
-
-    def walk(gm: fx.GraphModule, prefix: str, block: int | None, entry: str | None) -> str:
-        env: dict[fx.Node, str] = {}
-        for n in gm.graph.nodes:
-            name = prefix + n.name
-            if n.op == "placeholder":
-                env[n] = entry if entry is not None else name
-                if entry is None:
-                    nodes.append(Node(name, "input", "", (), None, prefix, fx_node=n, owner=gm))
-                continue
-            if n.op == "output":
-                out = n.args[0]
-                return env[out] if isinstance(out, fx.Node) else name
-            refs = [a for a in n.all_input_nodes]
-            args_map = {a: env[a] for a in refs}
-            inputs = tuple(dict.fromkeys(env[a] for a in refs if env[a] not in const_names))
-            if n.op == "call_module":
-                mod = gm.get_submodule(n.target)
-                if isinstance(mod, Block):
-                    env[n] = walk(mod.body, f"{prefix}{n.target}.body.", mod.index, env[n.args[0]])
-                    continue
-                if isinstance(mod, DynParam):
-                    const_names.add(name)
-                    env[n] = name
-                    nodes.append(Node(name, "param", "", (), block, prefix, const=True,
-                                      is_param=isinstance(mod.value, nn.Parameter), fx_node=n, owner=gm))
-                    continue
-                handler = for_module(mod)
-                nodes.append(Node(
-                    name, handler.kind(mod), handler.describe(mod), inputs, block, prefix,
-                    kernel_var=mod.reads.get("kernel_size") if isinstance(mod, Operator) else None,
-                    handler=handler, facts=handler.facts(mod), fx_node=n, owner=gm, args_map=args_map))
-            elif n.op == "get_attr":
-                const_names.add(name)
-                nodes.append(Node(name, "const", "", (), block, prefix, const=True,
-                                  is_param=isinstance(get_attr(gm, n.target), nn.Parameter), fx_node=n, owner=gm))
-            else:
-                literals = ",".join(_literal(a) for a in n.args) + "," + ",".join(
-                    f"{k}={_literal(v)}" for k, v in n.kwargs.items())
-                nodes.append(Node(name, target_name(n.target), literals, inputs, block, prefix,
-                                  handler=for_node(gm, n), fx_node=n, owner=gm, args_map=args_map))
-            env[n] = name
-        raise AutoTailorError("graph without output")  # pragma: no cover
-
-    output = walk(sn.net, "", None, None)
-    nodes.append(Node("output", "output", "", (output,), None, ""))
-    return nodes
+    """The SuperNet's computations in execution order, every block inlined (``ir.walk`` names)."""
+    walker = _Flattener(sn.net)
+    output = walker.run()
+    walker.nodes.append(Node("output", "output", "", (output,), None, ""))
+    return walker.nodes
 
 
 # -- shapes as functions of the architecture ----------------------------------------------------
@@ -172,9 +175,9 @@ def _deduce(sn: SuperNet, arch: Arch) -> dict[str, Shape]:
     """Shapes of every node (flattened names) of ``arch`` with every block kept."""
     shapes: dict[str, Shape] = {}
 
-    def record(prefix: str, n: fx.Node, value: Any) -> None:
+    def record(name: str, n: fx.Node, value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            shapes[prefix + n.name] = tuple(value.shape)
+            shapes[name] = tuple(value.shape)
 
     with sn.using(arch):
         for b in sn.blocks():
