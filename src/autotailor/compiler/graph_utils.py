@@ -8,6 +8,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from autotailor.errors import GraphError
 from autotailor.ir.shapes import run_meta
+from autotailor.ir.walk import GraphWalker
 
 
 def _record(name: str, n: fx.Node, value: object) -> None:
@@ -53,7 +54,8 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
 def run_error(gm: fx.GraphModule, example: torch.Tensor) -> str | None:
     """Why ``gm`` does not accept ``example`` (the first line of the error), or None if it does:
     checked on meta tensors (no arithmetic), else by one real run for graphs that compute shapes
-    from data. Run through an ``Interpreter``, so torch.fx prints no traceback of its own."""
+    from data. Run through the graph walker, so torch.fx prints no traceback of its own and the
+    error names the node."""
     try:
         run_meta(gm, example)
         return None
@@ -61,7 +63,7 @@ def run_error(gm: fx.GraphModule, example: torch.Tensor) -> str | None:
         pass
     try:
         with torch.no_grad():
-            fx.Interpreter(gm).run(example)
+            GraphWalker(gm).run(example)
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
