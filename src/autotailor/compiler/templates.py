@@ -3,7 +3,8 @@
 A template is generic over the operators it contains (the paper's *Path* abstraction): it
 names a family of blocks by what their paths hold (dense / depthwise convolutions, norms,
 gates, attention), not by the classes of one model zoo. Adding a template is one
-``@template`` function; the first template (in registration order) that matches wins.
+``@template`` function; the first template that matches wins, specific templates (in
+registration order) before the generic fallbacks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autotailor.compiler.structure import BlockInfo, math_target
+from autotailor.errors import ConfigError
 from autotailor.ir import handlers
 from autotailor.ir.ops.elementwise import MUL_TARGETS
 
@@ -23,6 +25,7 @@ class Template:
     name: str
     match: Callable[["BlockView"], bool]
     defaults: dict[str, tuple]  # block variable -> default choices, where they differ from the kind's
+    generic: bool = False  # a fallback, tried after every specific template
 
 
 @dataclass
@@ -54,22 +57,30 @@ class BlockView:
 _TEMPLATES: list[Template] = []
 
 
-def template(name: str, **defaults: tuple) -> Callable[[Callable[[BlockView], bool]], Callable[[BlockView], bool]]:
-    """Register a template ``name`` whose matcher is the decorated function."""
+def template(name: str, generic: bool = False, before: str | None = None,
+             **defaults: tuple) -> Callable[[Callable[[BlockView], bool]], Callable[[BlockView], bool]]:
+    """Register a template ``name`` whose matcher is the decorated function. Specific templates
+    are tried in registration order (a template registered ``before`` another is tried ahead of
+    it), then the ``generic`` fallbacks (any residual block, ...)."""
 
     def deco(match: Callable[[BlockView], bool]) -> Callable[[BlockView], bool]:
-        _TEMPLATES.append(Template(name, match, dict(defaults)))
+        names = [t.name for t in _TEMPLATES]
+        if before is not None and before not in names:
+            raise ConfigError(f"template {name!r}: before={before!r} is not a template; templates are {names}")
+        at = names.index(before) if before is not None else len(_TEMPLATES)
+        _TEMPLATES.insert(at, Template(name, match, dict(defaults), generic))
         return match
 
     return deco
 
 
 def templates() -> list[Template]:
-    return list(_TEMPLATES)
+    """Every template, in matching order: the specific ones, then the generic ones."""
+    return [t for t in _TEMPLATES if not t.generic] + [t for t in _TEMPLATES if t.generic]
 
 
 def template_names() -> list[str]:
-    return [t.name for t in _TEMPLATES]
+    return [t.name for t in templates()]
 
 
 def view(gm: fx.GraphModule, block: BlockInfo) -> BlockView:
@@ -118,7 +129,7 @@ def _depends_on(node: fx.Node, ancestor: fx.Node, limit: int = 12) -> bool:
 def match(gm: fx.GraphModule, block: BlockInfo, allowed: set[str] | None) -> Template | None:
     """The first registered template that matches ``block`` (among ``allowed``, if given)."""
     v = view(gm, block)
-    for t in _TEMPLATES:
+    for t in templates():
         if (allowed is None or t.name in allowed) and t.match(v):
             return t
     return None
@@ -163,16 +174,16 @@ def _basic(v: BlockView) -> bool:
     return v.residual and len(kx) == 2 and len(k1) <= 1 and len(v.convs) == len(kx) + len(k1)
 
 
-@template("ResidualBlock")
+@template("ResidualBlock", generic=True)
 def _residual(v: BlockView) -> bool:
     return v.residual
 
 
-@template("BranchBlock")
+@template("BranchBlock", generic=True)
 def _branch(v: BlockView) -> bool:
     return v.kind == "branch"
 
 
-@template("ChainBlock")
+@template("ChainBlock", generic=True)
 def _chain(v: BlockView) -> bool:
     return True

@@ -192,6 +192,9 @@ def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
             else:
                 raise GraphError(f"{b.node}: cannot lift {node.op} {node.target}")
             lifted[b.node] = op
+        if op.reads.get(b.field, b.var) != b.var:
+            raise GraphError(f"{b.node}.{b.field} is read by two variables, {op.reads[b.field]} and {b.var}; "
+                             "switch one of them off in the config (a single choice)")
         op.reads[b.field] = b.var
     gm.graph.lint()
 
