@@ -62,3 +62,21 @@ def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
     assert 0.0 <= result["accuracy"] <= 1.0 and result["validation_images"] == 359
     assert main(["tune", str(tmp_path / "missing"), "--data", "digits"]) == 2
     assert "holds no supernet.pt" in capsys.readouterr().err
+
+
+def test_help_is_plain_text_for_every_command(capsys) -> None:
+    import pytest
+
+    from autotailor.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for argv in [[], *([c] for c in commands)]:
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        out = capsys.readouterr().out
+        assert "usage: autotailor" in out and "``" not in out, argv
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    # the backends the registry holds, with their settings
+    assert "ort-cpu (threads, optimization, flush_mb), torch (threads), ncnn (threads)" in " ".join(
+        capsys.readouterr().out.split())

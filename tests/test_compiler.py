@@ -169,3 +169,23 @@ def test_the_walker_names_the_node_that_failed() -> None:
     gm = torch.fx.symbolic_trace(FixedView())
     assert run_error(gm, torch.zeros(1, 3, 8, 8)) is None
     assert run_error(gm, torch.zeros(1, 3, 4, 4)).startswith("GraphError: at node view (call_method view): RuntimeError")
+
+
+class FixedFlatten(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 16 * 16, 2)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).reshape(1, 4 * 16 * 16))
+
+
+def test_dropped_resolutions_are_one_log_line_without_tracebacks(capfd, caplog) -> None:
+    with caplog.at_level("WARNING"):
+        sn = at.compile(FixedFlatten(), torch.zeros(1, 3, 16, 16))
+    assert "resolution" not in sn.space
+    (record,) = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert record.getMessage().startswith("resolution(s) [12] dropped: the model does not run at them (12: GraphError: "
+                                          "at node reshape (call_method reshape): RuntimeError")
+    assert "Traceback" not in capfd.readouterr().err

@@ -506,7 +506,8 @@ def _add_tuning_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from autotailor.predict.latency import export_formats
 
-    parser = argparse.ArgumentParser(prog="autotailor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="autotailor", description="Compile an image classifier into a "
+                                     "weight-sharing SuperNet and deploy the best SubNet for every device and budget.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True)
 
