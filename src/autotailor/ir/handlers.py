@@ -209,6 +209,15 @@ def conv_macs_params(out: Shape, per_out: int, kernel: int, bias: bool) -> tuple
     return math.prod(out) * per_out * kernel * kernel, out[1] * per_out * kernel * kernel + (out[1] if bias else 0)
 
 
+def weight_importance(module: nn.Module, role: str) -> list[tuple[torch.Tensor, int]]:
+    """The channel-indexing tensors of a layer with a ``weight[out, in, ...]`` and an optional
+    ``bias[out]`` (convolutions, linear layers): rows and bias for what it produces, columns for
+    what it reads."""
+    if role == "in":
+        return [(module.weight, 1)]
+    return [(module.weight, 0)] + ([(module.bias, 0)] if module.bias is not None else [])
+
+
 def lift(module: nn.Module) -> "Operator":
     """The dynamic operator for ``module`` (its handler's ``dynamic``), sharing its parameters."""
     dyn = for_module(module).dynamic

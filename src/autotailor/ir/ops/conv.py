@@ -12,7 +12,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autotailor.ir.handlers import Member, OpHandler, Shape, Track, conv_macs_params, register
+from autotailor.ir.handlers import Member, OpHandler, Shape, Track, conv_macs_params, register, weight_importance
 from autotailor.ir.operators import Operator
 
 
@@ -119,10 +119,7 @@ class Conv2dHandler(OpHandler):
             a.fix(t.gid, f"{node.name} is a grouped convolution that changes the channel count")
         return None
 
-    def importance(self, module: nn.Conv2d, role: str) -> list[tuple[torch.Tensor, int]]:
-        if role == "in":
-            return [(module.weight, 1)]
-        return [(module.weight, 0)] + ([(module.bias, 0)] if module.bias is not None else [])
+    importance = staticmethod(weight_importance)
 
     def structure(self, module: nn.Conv2d) -> str:
         return "dense" if module.groups == 1 else "dwconv"

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.ir.graph import node_shape
-from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register
+from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, weight_importance
 from autotailor.ir.operators import Operator
 
 
@@ -75,10 +75,7 @@ class LinearHandler(OpHandler):
         a.add_member(out, Member(node.name, "out"))
         return Track(len(shape) - 1, out)
 
-    def importance(self, module: nn.Linear, role: str) -> list[tuple[torch.Tensor, int]]:
-        if role == "in":
-            return [(module.weight, 1)]
-        return [(module.weight, 0)] + ([(module.bias, 0)] if module.bias is not None else [])
+    importance = staticmethod(weight_importance)
 
     def structure(self, module: nn.Linear) -> str:
         return "dense"
