@@ -238,10 +238,8 @@ def test_profiling_killed_halfway_resumes_without_measuring_twice(tmp_path) -> N
     assert f"profile them first: autotailor profile {work} --device ort-cpu:threads=2" in missing.stderr
 
 
-@pytest.mark.parametrize("name", ["ort-cpu", "ncnn", "torch"])
+@pytest.mark.parametrize("name", ["ort-cpu", "ncnn", "torch", "openvino"])
 def test_backends_deploy_subnets_that_compute_the_same(name, tmp_path, mnv3) -> None:
-    from autotailor.deploy import ncnn_net, run_ncnn, run_onnx
-
     backend = make_backend(name, threads=1, warmup=1, repeats=3)
     arch = mnv3.space.sample(4)
     shape = mnv3.input_shape(arch)
@@ -250,14 +248,11 @@ def test_backends_deploy_subnets_that_compute_the_same(name, tmp_path, mnv3) -> 
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = net(x).numpy()
-    if name == "ort-cpu":
-        out = run_onnx(path, x)
-    elif name == "ncnn":
-        out = run_ncnn(ncnn_net(path), x.numpy())
-    else:
-        out = torch.jit.load(str(path))(x).detach().numpy()
-    # NCNN picks its own convolution algorithms (Winograd, packed layouts): float32 rounding differs more.
-    assert abs(out - ref).max() <= (1e-3 if name == "ncnn" else 1e-4) * abs(ref).max()
+    assert all(p.is_file() for p in backend.deployed_files(path))
+    out = backend.run_file(path, x.numpy())
+    # NCNN and OpenVINO pick their own convolution algorithms (Winograd, packed layouts):
+    # float32 rounding differs more.
+    assert abs(out - ref).max() <= (1e-4 if name in ("ort-cpu", "torch") else 1e-3) * abs(ref).max()
     m = backend.time(backend.load(path, shape))
     assert m.repeats == 3 and m.median_ms > 0
     # a prober measures as `measure` does, the kernel prepared (converted) once

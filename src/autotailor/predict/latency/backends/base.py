@@ -219,6 +219,10 @@ class Backend:
         """A function running the deployed model at ``path`` once on a random input, as configured."""
         raise NotImplementedError
 
+    def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:  # pragma: no cover
+        """The output of the deployed model at ``path`` for the input batch ``x``."""
+        raise NotImplementedError
+
     @classmethod
     def deployed_files(cls, path: Path) -> list[Path]:
         """Every file ``deploy`` wrote for the model at ``path`` (what ``deploy`` returned)."""

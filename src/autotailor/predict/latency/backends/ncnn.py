@@ -84,5 +84,10 @@ class Ncnn(Backend):
     def deployed_files(cls, path: Path) -> list[Path]:
         return [path, path.with_suffix(".bin")]
 
+    def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:
+        from autotailor.deploy import ncnn_net, run_ncnn
+
+        return run_ncnn(ncnn_net(path, self.threads), x)
+
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return self._runner(Path(path), [input_shape])

@@ -130,6 +130,11 @@ class OrtCpu(Backend):
         feed = {sess.get_inputs()[0].name: np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)}
         return lambda: sess.run(None, feed)
 
+    def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:
+        from autotailor.deploy import run_onnx
+
+        return run_onnx(path, x, self.threads)
+
     def session_options(self):
         import onnxruntime as ort
 

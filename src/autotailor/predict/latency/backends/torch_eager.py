@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -40,6 +41,10 @@ class TorchEager(Backend):
         from autotailor.deploy import export_torchscript
 
         return export_torchscript(net, Path(path).with_suffix(".torchscript.pt"), input_shape)
+
+    def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return torch.jit.load(str(path))(torch.as_tensor(x)).numpy()
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return self.prepare(torch.jit.load(str(path)), [input_shape])

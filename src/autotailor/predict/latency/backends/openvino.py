@@ -1,0 +1,73 @@
+"""OpenVINO on the CPU: kernels and SubNets go through ONNX (BatchNorm folded at export) into
+OpenVINO's IR (``.xml`` + ``.bin``), compiled for latency (one stream) in fp32."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch.nn as nn
+
+from autotailor.predict.latency.backends.base import Backend, Shape, backend
+from autotailor.predict.latency.kernels import POINTWISE_ACTS, FusionRules
+
+
+@backend("openvino")
+class OpenVino(Backend):
+    """OpenVINO's CPU plugin with ``threads`` inference threads. Its graph transformations fuse
+    a convolution or linear layer with the BatchNorm folded into it, a following residual add
+    (oneDNN's sum post-op) and an activation."""
+
+    fusion = FusionRules("openvino", frozenset({"conv2d", "linear"}), (
+        frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), POINTWISE_ACTS | {"gelu", "hardswish", "silu"}))
+    format = "openvino"
+
+    def _compiled(self, path: Path):
+        import openvino as ov
+
+        config = {"INFERENCE_NUM_THREADS": self.threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
+                  "INFERENCE_PRECISION_HINT": "f32"}
+        return ov.Core().compile_model(str(path), "CPU", config)
+
+    def _runner(self, path: Path, input_shapes: list[Shape]) -> Callable[[], object]:
+        request = self._compiled(path).create_infer_request()
+        rng = np.random.default_rng(0)
+        feed = {i: rng.standard_normal(s).astype(np.float32) for i, s in enumerate(input_shapes)}
+        return lambda: request.infer(feed)
+
+    def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
+        with tempfile.TemporaryDirectory() as tmp:
+            return self._runner(_to_ir(module, Path(tmp) / "kernel.xml", input_shapes), input_shapes)
+
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+        return _to_ir(net, Path(path).with_suffix(".xml"), [tuple(input_shape)])
+
+    def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
+        return self._runner(Path(path), [tuple(input_shape)])
+
+    def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:
+        return next(iter(self._compiled(Path(path))(np.asarray(x, dtype=np.float32)).values()))
+
+    @classmethod
+    def deployed_files(cls, path: Path) -> list[Path]:
+        return [path, path.with_suffix(".bin")]
+
+
+def _to_ir(module: nn.Module, xml: Path, input_shapes: list[Shape]) -> Path:
+    """``module`` as OpenVINO IR at ``xml`` (and its ``.bin``), through an ONNX export. Both files
+    are written in a temporary folder beside them and moved in place, the weights first."""
+    import openvino as ov
+
+    from autotailor.predict.latency.backends.ort import _onnx_bytes
+
+    xml.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=xml.parent, prefix=".openvino-") as tmp:
+        onnx_path = Path(tmp) / "model.onnx"
+        onnx_path.write_bytes(_onnx_bytes(module, input_shapes))
+        ov.save_model(ov.convert_model(onnx_path), Path(tmp) / "model.xml", compress_to_fp16=False)
+        os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
+        os.replace(Path(tmp) / "model.xml", xml)
+    return xml
