@@ -249,6 +249,10 @@ def test_backends_deploy_subnets_that_compute_the_same(name, tmp_path, mnv3) -> 
     with torch.no_grad():
         ref = net(x).numpy()
     assert all(p.is_file() for p in backend.deployed_files(path))
+    # formats exported side by side do not overwrite each other's files
+    assert {p.name for p in backend.deployed_files(path)} <= {"subnet.onnx", "subnet.param", "subnet.bin",
+                                                                 "subnet.torchscript.pt", "subnet.openvino.xml",
+                                                                 "subnet.openvino.bin"}
     out = backend.run_file(path, x.numpy())
     # NCNN and OpenVINO pick their own convolution algorithms (Winograd, packed layouts):
     # float32 rounding differs more.

@@ -43,7 +43,8 @@ class OpenVino(Backend):
             return self._runner(_to_ir(module, Path(tmp) / "kernel.xml", input_shapes), input_shapes)
 
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
-        return _to_ir(net, Path(path).with_suffix(".xml"), [tuple(input_shape)])
+        # not subnet.bin: NCNN's weights, exported beside, have that name
+        return _to_ir(net, Path(path).with_suffix(".openvino.xml"), [tuple(input_shape)])
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return self._runner(Path(path), [tuple(input_shape)])
