@@ -156,6 +156,7 @@ class Backend:
     default_flush_mb: ClassVar[int] = 0
     fusion: ClassVar[FusionRules] = NO_FUSION
     format: ClassVar[str] = ""  # export format of its deployed files
+    suffix: ClassVar[str] = ""  # of the file ``deploy`` writes (distinct per backend: formats share a folder)
     options: ClassVar[tuple[str, ...]] = ("threads",)  # settings a --device spec names (for --help)
 
     def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5,
@@ -222,6 +223,11 @@ class Backend:
     def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:  # pragma: no cover
         """The output of the deployed model at ``path`` for the input batch ``x``."""
         raise NotImplementedError
+
+    @classmethod
+    def deploy_path(cls, path: str | Path) -> Path:
+        """Where ``deploy(net, path, ...)`` writes: ``path`` with the backend's suffix."""
+        return Path(path).with_suffix(cls.suffix)
 
     @classmethod
     def deployed_files(cls, path: Path) -> list[Path]:

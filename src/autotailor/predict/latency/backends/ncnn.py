@@ -23,6 +23,7 @@ class Ncnn(Backend):
     fusion = FusionRules("ncnn", frozenset({"conv2d", "linear"}), (
         frozenset({"batchnorm2d"}), POINTWISE_ACTS | {"hardswish"}))
     format = "ncnn"
+    suffix = ".param"
 
     def __init__(self, **kwargs: object):
         super().__init__(**kwargs)
@@ -78,7 +79,7 @@ class Ncnn(Backend):
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_ncnn
 
-        return export_ncnn(net, Path(path), input_shape)[0]
+        return export_ncnn(net, self.deploy_path(path), input_shape)[0]
 
     @classmethod
     def deployed_files(cls, path: Path) -> list[Path]:

@@ -24,6 +24,7 @@ class OpenVino(Backend):
     fusion = FusionRules("openvino", frozenset({"conv2d", "linear"}), (
         frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), POINTWISE_ACTS | {"gelu", "hardswish", "silu"}))
     format = "openvino"
+    suffix = ".openvino.xml"  # not .xml: its weights would be subnet.bin, NCNN's name
 
     def _compiled(self, path: Path):
         import openvino as ov
@@ -43,8 +44,7 @@ class OpenVino(Backend):
             return self._runner(_to_ir(module, Path(tmp) / "kernel.xml", input_shapes), input_shapes)
 
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
-        # not subnet.bin: NCNN's weights, exported beside, have that name
-        return _to_ir(net, Path(path).with_suffix(".openvino.xml"), [tuple(input_shape)])
+        return _to_ir(net, self.deploy_path(path), [tuple(input_shape)])
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return self._runner(Path(path), [tuple(input_shape)])

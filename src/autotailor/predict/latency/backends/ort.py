@@ -41,6 +41,7 @@ class OrtCpu(Backend):
     fusion = FusionRules("ort-cpu", frozenset({"conv2d", "linear"}), (
         frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), POINTWISE_ACTS | {"gelu", "hardswish"}))
     format = "onnx"
+    suffix = ".onnx"
     options = ("threads", "optimization", "flush_mb")
     # How kernels are timed, part of the LUT key so that entries timed another way are measured
     # again. 2: each kernel's output feeds a node (see ``_Consumed``); 3: less the profiler's
@@ -121,7 +122,7 @@ class OrtCpu(Backend):
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_onnx
 
-        return export_onnx(net, Path(path).with_suffix(".onnx"), input_shape)
+        return export_onnx(net, self.deploy_path(path), input_shape)
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         import onnxruntime as ort

@@ -20,6 +20,7 @@ class TorchEager(Backend):
 
     fusion = FusionRules("torch", frozenset(), ())
     format = "torchscript"
+    suffix = ".torchscript.pt"
 
     def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
         module = module.eval()
@@ -40,7 +41,7 @@ class TorchEager(Backend):
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_torchscript
 
-        return export_torchscript(net, Path(path).with_suffix(".torchscript.pt"), input_shape)
+        return export_torchscript(net, self.deploy_path(path), input_shape)
 
     def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
