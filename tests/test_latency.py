@@ -107,7 +107,7 @@ def test_granularities_group_differently(resnet) -> None:
     assert ("conv2d", "batchnorm2d", "relu") in kinds and ("conv2d", "batchnorm2d", "add", "relu") in kinds
     with pytest.raises(at.AutoTailorError, match="granularity 'layer' is not allowed; expected one of"):
         KernelPlan(resnet, "ort-cpu", "layer")
-    with pytest.raises(at.LatencyError, match="unknown backend 'tpu'; available: ncnn, ort-cpu, torch"):
+    with pytest.raises(at.LatencyError, match="unknown backend 'tpu'; available: ncnn, openvino, ort-cpu, torch"):
         KernelPlan(resnet, "tpu")
 
 

@@ -141,7 +141,7 @@ def test_search_and_export_commands(run_dir, capsys) -> None:
     assert main(["export", work, "--pick", "9ms"]) == 2
     assert "--pick '9ms' names no chosen SubNet; the search chose: macs=" in capsys.readouterr().err
     assert main(["export", work, "--format", "tflite"]) == 2
-    assert "unknown export format(s) ['tflite']; allowed: ['onnx', 'torchscript', 'ncnn']" in capsys.readouterr().err
+    assert "unknown export format(s) ['tflite']; allowed: ['onnx', 'torchscript', 'ncnn', 'openvino']" in capsys.readouterr().err
     assert main(["search", work, "--latency-ms", "1", "--device", "none"]) == 2
     assert "latency budgets need a device" in capsys.readouterr().err
 
@@ -159,8 +159,7 @@ def test_run_config_errors(tmp_path) -> None:
     demo = tmp_path / "demo.toml"
     demo.write_text(DEMO_CONFIG)
     plan = plan_run(demo, tmp_path / "w")
-    assert [s for s, _ in plan.steps] == ["compile", "train", "tune", "profile", "sensitivity", "search", "export",
-                                         "report"]
+    assert [s for s, _, _ in plan.steps] == ["compile", "train", "tune", "profile", "sensitivity", "search", "export"]
     # every step table of the demo is valid for its step
     steps = load_config(demo).steps
     for cls, section in ((TuneConfig, "train"), (TuneConfig, "tune"), (EvalSettings, "sensitivity"),

@@ -5,41 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from autotailor.errors import AutoTailorError
-from autotailor.pipeline.workdir import CONFIG
-
-
-def _summary(sn) -> dict[str, Any]:
-    from collections import Counter
-
-    info = sn.compile_info
-    kinds = Counter(v.kind for v in sn.space.variables)
-    mods = Counter()
-    for v in sn.space.variables:
-        mods[v.kind] += len(v.choices) - 1
-    return {
-        "source": info.get("source"),
-        "compile_seconds": round(info.get("seconds", 0.0), 3),
-        "input_shape": list(sn.example_shape),
-        "blocks": info.get("blocks", []),
-        "stages": info.get("stages", []),
-        "channel_groups": info.get("groups", {}),
-        "variables": dict(kinds),
-        "modifications": dict(mods),
-        "num_modifications": sn.space.num_modifications,
-        "space_size": str(sn.space.size),
-        "log10_space_size": round(sn.space.log10_size, 3),
-    }
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -71,32 +43,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     console.print(f"compile time: {summary['compile_seconds']:.2f} s")
 
 
-def _write_work(sn, config, out: Path, summary: dict[str, Any]) -> None:
-    """Write the work directory's files so that a failure leaves nothing half-written."""
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".staging-"))
-    try:
-        sn.save(staging / "supernet.pt")
-        (staging / "space.json").write_text(json.dumps(sn.space.describe(), indent=1))
-        (staging / "compile.json").write_text(json.dumps(summary, indent=1))
-        (staging / CONFIG).write_text(json.dumps(config.to_dict(), indent=1))
-        for f in staging.iterdir():
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _example(size: int | None, channels: int = 3) -> torch.Tensor | None:
-    return torch.zeros(1, channels, size, size) if size else None
-
-
 def cmd_compile(args: argparse.Namespace) -> int:
-    import autotailor as at
+    from autotailor.pipeline.steps import compile_step
 
-    config = at.load_config(args.config)
-    sn = at.compile(args.model, _example(args.input_size), config=config)
-    summary = _summary(sn)
-    _write_work(sn, config, Path(args.out), summary)
+    summary = compile_step(args.model, args.out, args.config, args.input_size)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -124,99 +74,25 @@ def _load_work(work: str):
     return load_supernet(work)
 
 
+def _settings(cls, section: str, args: argparse.Namespace, values: dict[str, object]):
+    from autotailor.pipeline.steps import step_settings
+
+    return step_settings(cls, section, args.work, getattr(args, "config", None), values)
+
+
 _TUNE_FLAGS = ("steps", "subnets", "optimizer", "lr", "weight_decay", "warmup_steps", "label_smoothing", "seed",
                "checkpoint_every")
 
 
-def _step_settings(cls, section: str, args: argparse.Namespace, flags: dict[str, object]):
-    """A step's settings: its ``[section]`` table in the work directory's config (``WORK/config.json``,
-    from the compile), then in ``--config`` (if given), then the flags given (those not None)."""
-    from autotailor.compiler.config import load_config
-    from autotailor.settings import merge_settings
-
-    path = Path(args.work) / CONFIG
-    tables = [load_config(json.loads(path.read_text())).steps.get(section, {}) if path.is_file() else {}]
-    if getattr(args, "config", None):
-        tables.append(load_config(args.config).steps.get(section, {}))
-    return merge_settings(cls, section, *tables, {k: v for k, v in flags.items() if v is not None})
-
-
-def _validation_data(sn, args: argparse.Namespace, flags: dict[str, object]):
-    """The data SubNets are evaluated on after the sensitivity step (``EvalData``, or None when
-    no data is known): ``--data``, else the sensitivity table's; the table's validation subset
-    and calibration (else the ``[sensitivity]`` tables'), then ``flags``."""
-    from autotailor.pipeline.workdir import SENSITIVITY, EvalSettings, eval_data
-    from autotailor.settings import merge_settings
-
-    path = Path(args.work) / SENSITIVITY
-    info = json.loads(path.read_text()).get("info", {}) if path.is_file() else {}
-    spec = args.data or info.get("data")
-    if not spec:
-        return None
-    measured = {k: info[k] for k in ("validation_images", "calibration_batches", "seed") if k in info}
-    base = _step_settings(EvalSettings, "sensitivity", args, {})
-    settings = merge_settings(EvalSettings, "sensitivity", vars(base) | measured,
-                              {k: v for k, v in flags.items() if v is not None})
-    return eval_data(spec, sn.example_shape[-1], settings)
-
-
-def _run_tuning(args: argparse.Namespace, subnets: int, name: str) -> int:
-    """``train`` (the largest SubNet alone) and ``tune`` (sampled SubNets), with a progress bar."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from autotailor.data import BatchLoader, load_data
-    from autotailor.tune import Tuner
-
-    rank = _init_distributed()
-    sn = _load_work(args.work)
+def _run_tuning(args: argparse.Namespace, subnets: int | None, name: str) -> int:
+    from autotailor.pipeline.steps import tune_step
     from autotailor.tune import TuneConfig
 
     flags = {k: getattr(args, k, None) for k in _TUNE_FLAGS}
     if subnets is not None:  # train: the largest SubNet alone
         flags["subnets"] = subnets
-    config = _step_settings(TuneConfig, name, args, flags)
-    train, _ = load_data(args.data, seed=config.seed)
-    loader = BatchLoader(train, args.batch_size, train=True, resolution=sn.example_shape[-1], seed=config.seed)
-    tuner = Tuner(sn, loader, config, Path(args.work) / f"{name}.ckpt")
-    if tuner.resume():
-        print(f"resuming {name} at step {tuner.step}")
-    started, images = time.perf_counter(), 0
-    log_path = Path(args.work) / f"{name}.log.jsonl"  # one line per step: the loss curve and throughput
-    last = [time.perf_counter(), time.process_time()]
-    columns = (TextColumn(f"{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[ips]:.0f} img/s"),
-               TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=args.quiet or rank != 0) as progress:
-        task = progress.add_task(name, total=tuner.config.steps, completed=tuner.step, loss=float("nan"), ips=0.0)
-
-        def on_step(result) -> None:
-            nonlocal images
-            now = [time.perf_counter(), time.process_time()]
-            images += result.images
-            progress.update(task, advance=1, loss=result.loss, ips=images / (now[0] - started))
-            if rank == 0:
-                record = {"step": result.step, "loss": result.loss, "images": result.images * tuner.world,
-                          "seconds": now[0] - last[0], "cpu_seconds": now[1] - last[1], "processes": tuner.world}
-                with log_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-            last[:] = now
-
-        tuner.run(on_step)
-    if rank == 0:
-        sn.save(Path(args.work) / "supernet.pt")
-        print(f"{name}: {tuner.step} steps on {tuner.world} process(es); weights in {args.work}/supernet.pt")
+    tune_step(args.work, args.data, _settings(TuneConfig, name, args, flags), name, args.batch_size, args.quiet)
     return 0
-
-
-def _init_distributed() -> int:
-    """Join the process group that ``torchrun`` describes in the environment; this process's rank."""
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -259,36 +135,9 @@ def _latency_setup(args: argparse.Namespace):
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from autotailor.pipeline.steps import profile_step
 
-    from autotailor.predict.latency import profile
-
-    _, device = _latency_setup(args)
-    plan = device.plan
-    passes = [(device.backend, device.target, "caches flushed" if device.hot_target else "")]
-    if device.hot_target is not None:
-        passes.append((device.hot_backend, device.hot_target, "caches warm"))
-    with device.open_store() as store:
-        print(f"{len(plan.kernels)} unique kernels ({args.granularity}, {len(plan.groups)} kernel groups) "
-              f"enumerated in {plan.seconds:.2f} s")
-        for backend, target, label in passes:
-            print(f"{store.count(target)} already in {store.path} for {target}")
-            columns = (TextColumn(f"profile {label}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                       TimeElapsedColumn(), TimeRemainingColumn())
-            with Progress(*columns, disable=args.quiet) as progress:
-                task = progress.add_task("profile", total=None)
-                report = profile(plan, backend, store, target,
-                                 lambda done, total, t=task: progress.update(t, completed=done, total=total))
-            print(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
-                  f"{store.count(target)} entries for {target}")
-    if not device.cache_fixed:
-        columns = (TextColumn("calibration (whole SubNets)"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
-        with Progress(*columns, disable=args.quiet) as progress:
-            task = progress.add_task("calibrate", total=None)
-            device.calibrate(lambda done, total: progress.update(task, completed=done, total=total))
-        print(f"fitted to measured SubNets: {device.predictor().describe()}"
-              + (" (cache_mb in --device fixes the budget instead)" if device.hot_target is not None else ""))
+    profile_step(args.work, args.device, args.device_name, args.lut, args.granularity, args.quiet)
     return 0
 
 
@@ -311,29 +160,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_settings(args: argparse.Namespace, values: dict[str, object] | None = None):
+    from autotailor.pipeline.workdir import EvalSettings
+
+    return _settings(EvalSettings, "sensitivity", args, values or {})
+
+
 def cmd_sensitivity(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from autotailor.pipeline.steps import sensitivity_step
 
-    from autotailor.pipeline.workdir import SENSITIVITY, EvalSettings, eval_data
-    from autotailor.predict.accuracy import measure_sensitivity
-
-    sn = _load_work(args.work)
-    settings = _step_settings(EvalSettings, "sensitivity", args, {
-        "validation_images": args.validation_images, "calibration_batches": args.calibration_batches,
-        "batch_size": args.batch_size, "seed": args.seed})
-    data = eval_data(args.data, sn.example_shape[-1], settings)
-    print(f"{sn.space.num_modifications} single modifications to measure on {data.images} validation images "
-          f"({len(data.calibration)} calibration batches each)")
-    columns = (TextColumn("sensitivity"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=args.quiet) as progress:
-        task = progress.add_task("sensitivity", total=None)
-        table = measure_sensitivity(sn, data.val, data.calibration, Path(args.work) / SENSITIVITY,
-                                    info={**data.describe(), "seed": settings.seed},
-                                    on_progress=lambda done, total: progress.update(task, completed=done, total=total))
-    worst = sorted(table.deltas.items(), key=lambda kv: -kv[1])[:3]
-    print(f"largest SubNet {100 * table.base_accuracy:.2f} %; {len(table.deltas)} sensitivities in "
-          f"{table.seconds:.1f} s; most sensitive: " + ", ".join(f"{k} ({100 * v:.2f} pts)" for k, v in worst))
+    settings = _eval_settings(args, {"validation_images": args.validation_images,
+                                     "calibration_batches": args.calibration_batches,
+                                     "batch_size": args.batch_size, "seed": args.seed})
+    sensitivity_step(args.work, args.data, settings, args.quiet)
     return 0
 
 
@@ -347,96 +186,32 @@ def _floats(text: str | None, scale: float = 1.0) -> tuple[float, ...] | None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from autotailor.pipeline.selection import SearchSettings
+    from autotailor.pipeline.steps import describe_search, search_step
 
-    from autotailor.pipeline.finalists import Finalists
-    from autotailor.pipeline.results import SearchRecord
-    from autotailor.pipeline.selection import SearchSettings, objectives_for, run_search
-    from autotailor.pipeline.workdir import device_setup
-
-    sn = _load_work(args.work)
-    settings = _step_settings(SearchSettings, "search", args, {
+    settings = _settings(SearchSettings, "search", args, {
         "latency_ms": _floats(args.latency_ms), "macs": _floats(args.macs_m, 1e6),
         "params": _floats(args.params_m, 1e6), "memory_bytes": _floats(args.memory_mb, 2.0**20),
         "budgets": args.budgets, "axis": args.axis, "generations": args.generations,
         "population": args.population, "seed": args.seed, "verify": args.verify, "finalists": args.finalists})
-    constrains_latency = bool(settings.latency_ms) or (not settings.limits() and settings.axis == "latency_ms")
-    device = None
-    if args.device != "none":
-        device = device_setup(sn, args.work, args.device, args.device_name, args.lut)
-        if not constrains_latency:
-            try:  # latency is reported when the LUT is there, not required
-                device.predictor()
-            except AutoTailorError:
-                device = None
-    elif constrains_latency:
-        raise AutoTailorError("latency budgets need a device: --device ort-cpu:threads=1 (profiled first)")
-    objectives = objectives_for(sn, args.work, device)
-    if settings.verify and device is None:
-        raise AutoTailorError("verify measures the chosen SubNets on a device: give --device (profiled first)")
-    finalists = None
-    if settings.finalists:
-        data = _validation_data(sn, args, {"validation_images": args.validation_images, "seed": args.validation_seed})
-        if data is None:
-            raise AutoTailorError(f"finalists = {settings.finalists} measures SubNets' accuracy: give --data SPEC "
-                                  "(by default the data of `autotailor sensitivity`)")
-        finalists = Finalists.open(sn, args.work, data, settings.finalists)
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn())
-    with Progress(*columns, disable=not (settings.verify or finalists) or args.json) as progress:
-        timed = progress.add_task("verify (chosen SubNets timed)", total=None, visible=bool(settings.verify))
-        tested = progress.add_task("finalists (accuracy measured)", total=None, visible=finalists is not None)
-        result = run_search(sn, args.work, device, settings, objectives,
-                            on_subnet=lambda done, total: progress.update(timed, completed=done, total=total),
-                            finalists=finalists,
-                            on_finalist=lambda done, total: progress.update(tested, completed=done, total=total))
-    found = SearchRecord.read(args.work)
-    print(f"{len(result.choices)} budgets searched in {result.seconds:.1f} s ({result.predictions} predictions"
-          + (f", {found.verify_rounds} verify rounds" if settings.verify else "")
-          + f"); {len(found.met)} met; choices in {args.work}/{SearchRecord.FILE}")
+    found = search_step(args.work, settings, args.device, args.device_name, args.lut, args.data, _eval_settings(args),
+                        {"validation_images": args.validation_images, "seed": args.validation_seed}, args.json)
+    lines = describe_search(found, args.work)
+    print(lines[0])
     if args.json:
-        print(json.dumps({"schema": SearchRecord.SCHEMA, **found.to_dict()}, indent=1))
-        return 0
-    for c in found.choices:
-        if c.arch is None:
-            print(f"  {c.budget}: no SubNet meets it")
-            continue
-        shown = ", ".join(f"{m} {v:.4g}" for m, v in c.metrics.items() if m in ("latency_ms", "macs", "params"))
-        if c.measured_latency_ms is not None:
-            shown += f" (measured {c.measured_latency_ms:.4g} ms)"
-        print(f"  {c.budget}: predicted accuracy {100 * c.accuracy:.2f} %"
-              + (f" (measured {100 * c.measured_accuracy:.2f} %)" if c.measured_accuracy is not None else "")
-              + f", {shown}")
+        print(json.dumps({"schema": found.SCHEMA, **found.to_dict()}, indent=1))
+    else:
+        print("\n".join(lines[1:]))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from autotailor.pipeline.deployment import ExportSettings, check_formats, export_choices
-    from autotailor.pipeline.results import SearchRecord
-    from autotailor.pipeline.workdir import device_setup
+    from autotailor.pipeline.deployment import ExportSettings
+    from autotailor.pipeline.steps import export_step
 
-    sn = _load_work(args.work)
-    settings = _step_settings(ExportSettings, "export", args, {
+    settings = _settings(ExportSettings, "export", args, {
         "formats": tuple(args.format.split(",")) if args.format else None, "pick": args.pick})
-    check_formats(settings.formats)
-    found = SearchRecord.read(args.work)
-    chosen = found.pick(settings.pick)
-    data = _validation_data(sn, args, {})
-    device_spec = args.device or found.device
-    device = device_setup(sn, args.work, device_spec, args.device_name) if device_spec and device_spec != "none" else None
-
-    def done(e) -> None:
-        lat = e.measured["latency_ms"]
-        acc = e.measured["accuracy"]
-        print(f"  {e.name}: {len(e.files)} file(s) in {Path(e.files[0]).parent}"
-              + (f"; measured {lat:.3f} ms (predicted {e.predicted.get('latency_ms', float('nan')):.3f})"
-                 if lat is not None else "")
-              + (f"; accuracy {100 * acc:.2f} % (predicted {100 * e.predicted['accuracy']:.2f})"
-                 if acc is not None else ""))
-
-    print(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
-          + (f", measured on {device.spec}" if device else ""))
-    export_choices(sn, args.work, chosen, settings.formats, data, device, done)
+    export_step(args.work, settings, args.data, _eval_settings(args), args.device, args.device_name)
     return 0
 
 
@@ -458,7 +233,7 @@ def _execute(plan) -> int:
     from autotailor.pipeline.run import execute
 
     started = time.perf_counter()
-    record = execute(plan, main, lambda name, state: print(f"== {name}: {state}", flush=True))
+    record = execute(plan, lambda name, state: print(f"== {name}: {state}", flush=True))
     print(f"run finished in {time.perf_counter() - started:.1f} s ({record.seconds:.1f} s "
           f"over all sessions); report: {plan.work / 'report.md'}")
     return 0

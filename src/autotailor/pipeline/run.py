@@ -20,8 +20,9 @@ says what to run on, and optional tables per step (``[train]``, ``[tune]``, ``[s
     [export]
     formats = ["onnx"]
 
-Each finished step is recorded in ``WORK/run.json`` with its time; a second run skips it, and
-an interrupted step resumes from its own checkpoint or table.
+Each step is a call of its step function (``pipeline.steps``) with the file's table as it is
+when the step starts. Each finished step is recorded in ``WORK/run.json`` with its time; a
+second run skips it, and an interrupted step resumes from its own checkpoint or table.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autotailor.errors import AutoTailorError, ConfigError
 from autotailor.pipeline.results import RunRecord, StepDone
@@ -66,15 +68,22 @@ _RUN_KEYS: dict[str, type | tuple[type, ...]] = {"model": str, "input_size": int
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What ``autotailor run`` will do: ``steps`` as (name, command-line arguments)."""
+    """What ``autotailor run`` will do: ``steps`` as (name, what the step is given, the call)."""
 
     config: Path
     work: Path
-    steps: list[tuple[str, list[str]]]
+    steps: list[tuple[str, dict[str, Any], Callable[[], object]]]
 
 
-def plan_run(config: str | Path, work: str | Path | None = None) -> RunPlan:
-    """Read ``config`` and list the commands of its run (nothing is executed here)."""
+def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = True) -> RunPlan:
+    """Read ``config`` and list the step calls of its run (nothing is executed here). A step's
+    settings are read when it starts: the file's table as it is then (``step_settings``)."""
+    from autotailor.pipeline import steps as st
+    from autotailor.pipeline.deployment import ExportSettings
+    from autotailor.pipeline.selection import SearchSettings
+    from autotailor.pipeline.workdir import EvalSettings
+    from autotailor.tune import TuneConfig
+
     config = Path(config)
     if not config.is_file():
         raise ConfigError(f"{config} does not exist; `autotailor run` takes a TOML file with a [run] table")
@@ -95,44 +104,55 @@ def plan_run(config: str | Path, work: str | Path | None = None) -> RunPlan:
         if k in run and not isinstance(run[k], kind):
             raise ConfigError(f"{config}: run.{k} must be {kind.__name__ if isinstance(kind, type) else kind}")
     work = Path(work) if work else config.with_suffix("")
-    w, data_spec, device = str(work), run["data"], run.get("device", "ort-cpu:threads=1")
-    cfg = ["--config", str(config)]  # the file's step tables, as edited since the compile
-    compile_args = ["compile", run["model"], "--config", str(config), "--out", w]
-    if "input_size" in run:
-        compile_args += ["--input-size", str(run["input_size"])]
-    steps: list[tuple[str, list[str]]] = [("compile", compile_args)]
+    data_spec, device = run["data"], run.get("device", "ort-cpu:threads=1")
+
+    def settings(cls, section: str, **values: object):
+        return st.step_settings(cls, section, work, config, values)
+
+    steps: list[tuple[str, dict[str, Any], Callable[[], object]]] = [
+        ("compile", {"model": run["model"], "input_size": run.get("input_size")},
+         lambda: st.compile_step(run["model"], work, config, run.get("input_size")))]
     if "train" in data:
-        steps.append(("train", ["train", w, "--data", data_spec, *cfg, "--quiet"]))
+        steps.append(("train", {"data": data_spec}, lambda: st.tune_step(
+            work, data_spec, settings(TuneConfig, "train", subnets=1), "train", quiet=quiet)))
     steps += [
-        ("tune", ["tune", w, "--data", data_spec, *cfg, "--quiet"]),
-        ("profile", ["profile", w, "--device", device, "--quiet"]),
-        ("sensitivity", ["sensitivity", w, "--data", data_spec, *cfg, "--quiet"]),
-        ("search", ["search", w, "--device", device, "--data", data_spec, *cfg]),
-        ("export", ["export", w, "--data", data_spec, "--device", device, *cfg]),
-        ("report", ["report", w]),
+        ("tune", {"data": data_spec},
+         lambda: st.tune_step(work, data_spec, settings(TuneConfig, "tune"), "tune", quiet=quiet)),
+        ("profile", {"device": device}, lambda: st.profile_step(work, device, quiet=quiet)),
+        ("sensitivity", {"data": data_spec},
+         lambda: st.sensitivity_step(work, data_spec, settings(EvalSettings, "sensitivity"), quiet=quiet)),
+        ("search", {"device": device, "data": data_spec},
+         lambda: print("\n".join(st.describe_search(st.search_step(
+             work, settings(SearchSettings, "search"), device, data=data_spec,
+             evaluation=settings(EvalSettings, "sensitivity"), quiet=quiet), work)))),
+        ("export", {"device": device, "data": data_spec},
+         lambda: st.export_step(work, settings(ExportSettings, "export"), data_spec,
+                                settings(EvalSettings, "sensitivity"), device)),
     ]
     return RunPlan(config, work, steps)
 
 
-def execute(plan: RunPlan, command: Callable[[list[str]], int],
-            on_step: Callable[[str, str], None] | None = None) -> RunRecord:
-    """Run the plan's steps not yet recorded as done in ``WORK/run.json`` through ``command``
-    (the CLI's ``main``), recording each as it finishes; returns the record."""
+def execute(plan: RunPlan, on_step: Callable[[str, str], None] | None = None) -> RunRecord:
+    """Run the plan's steps not yet recorded as done in ``WORK/run.json``, recording each as it
+    finishes, then write the report; returns the record."""
+    from autotailor.pipeline.report import write_report
+
     record = RunRecord.read(plan.work) if RunRecord.exists(plan.work) else RunRecord(str(plan.config))
-    for name, argv in plan.steps:
-        if name in record.steps and name != "report":
+    for name, given, call in plan.steps:
+        if name in record.steps:
             if on_step:
                 on_step(name, "done before")
             continue
         if on_step:
             on_step(name, "running")
         started = time.perf_counter()
-        code = command(argv)
-        if code != 0:
-            raise AutoTailorError(f"step {name} failed (exit {code}): autotailor {' '.join(argv)}; "
-                              "fix it and run again to resume from this step")
-        if name == "report":
-            continue
-        record.steps[name] = StepDone(round(time.perf_counter() - started, 2), {"argv": argv})
+        try:
+            call()
+        except AutoTailorError as exc:
+            raise AutoTailorError(f"step {name} failed: {exc}; fix it and run again to resume from this step") from exc
+        record.steps[name] = StepDone(round(time.perf_counter() - started, 2), given)
         record.write(plan.work)
+    if on_step:
+        on_step("report", "running")
+    write_report(plan.work)
     return record

@@ -1,0 +1,319 @@
+"""The steps of the pipeline as functions of a work directory and typed settings.
+
+The command line parses its flags into these settings and calls one step; ``autotailor run``
+calls them in order from one TOML file. Each step shows progress (rich, unless ``quiet``),
+says what it did through ``say`` and returns what it made.
+
+``step_settings`` merges a step's settings: its table in ``WORK/config.json`` (written at
+compile), then in a TOML file given later (``--config``, the run file), then explicit values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from autotailor.errors import AutoTailorError
+from autotailor.pipeline.workdir import CONFIG, SENSITIVITY, EvalSettings, eval_data, load_supernet
+
+T = TypeVar("T")
+Say = Callable[[str], None]
+
+
+def step_settings(cls: type[T], section: str, work: str | Path, config: str | Path | None = None,
+                  values: dict[str, object] | None = None) -> T:
+    """Settings ``cls`` of ``[section]``: ``WORK/config.json``'s table, then ``config``'s, then
+    ``values`` (those not None)."""
+    from autotailor.compiler.config import load_config
+    from autotailor.settings import merge_settings
+
+    path = Path(work) / CONFIG
+    tables = [load_config(json.loads(path.read_text())).steps.get(section, {}) if path.is_file() else {}]
+    if config:
+        tables.append(load_config(config).steps.get(section, {}))
+    return merge_settings(cls, section, *tables, {k: v for k, v in (values or {}).items() if v is not None})
+
+
+def _progress(label: str, quiet: bool, *extra):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"), *extra,
+                    TimeElapsedColumn(), TimeRemainingColumn(), disable=quiet)
+
+
+# -- compile -----------------------------------------------------------------------------------------
+def summary_of(sn) -> dict[str, Any]:
+    """What ``compile`` found: blocks, stages, variables, modifications, space size."""
+    info = sn.compile_info
+    mods: Counter = Counter()
+    for v in sn.space.variables:
+        mods[v.kind] += len(v.choices) - 1
+    return {
+        "source": info.get("source"),
+        "compile_seconds": round(info.get("seconds", 0.0), 3),
+        "input_shape": list(sn.example_shape),
+        "blocks": info.get("blocks", []),
+        "stages": info.get("stages", []),
+        "channel_groups": info.get("groups", {}),
+        "variables": dict(Counter(v.kind for v in sn.space.variables)),
+        "modifications": dict(mods),
+        "num_modifications": sn.space.num_modifications,
+        "space_size": str(sn.space.size),
+        "log10_space_size": round(sn.space.log10_size, 3),
+    }
+
+
+def compile_step(model: str, out: str | Path, config: str | Path | None = None,
+                 input_size: int | None = None) -> dict[str, Any]:
+    """Compile ``model`` into ``out`` (a work directory); returns the summary. The files are
+    staged and moved in together, so a failure leaves nothing half-written."""
+    import autotailor as at
+
+    cfg = at.load_config(config)
+    sn = at.compile(model, torch.zeros(1, 3, input_size, input_size) if input_size else None, config=cfg)
+    summary = summary_of(sn)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".staging-"))
+    try:
+        sn.save(staging / "supernet.pt")
+        (staging / "space.json").write_text(json.dumps(sn.space.describe(), indent=1))
+        (staging / "compile.json").write_text(json.dumps(summary, indent=1))
+        (staging / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=1))
+        for f in staging.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+# -- train / tune ------------------------------------------------------------------------------------
+def _init_distributed() -> int:
+    """Join the process group that ``torchrun`` describes in the environment; this process's rank."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
+def tune_step(work: str | Path, data: str, config, name: str = "tune", batch_size: int = 64,
+              quiet: bool = False, say: Say = print):
+    """``train`` (the largest SubNet alone: ``config.subnets`` 1) or ``tune`` (sampled SubNets)
+    ``WORK/supernet.pt`` on ``data``, resuming from ``WORK/NAME.ckpt``; one line per step in
+    ``WORK/NAME.log.jsonl``. Returns the ``Tuner``."""
+    from rich.progress import TextColumn
+
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.tune import Tuner
+
+    rank = _init_distributed()
+    sn = load_supernet(work)
+    train, _ = load_data(data, seed=config.seed)
+    loader = BatchLoader(train, batch_size, train=True, resolution=sn.example_shape[-1], seed=config.seed)
+    tuner = Tuner(sn, loader, config, Path(work) / f"{name}.ckpt")
+    if tuner.resume():
+        say(f"resuming {name} at step {tuner.step}")
+    started, images = time.perf_counter(), 0
+    log_path = Path(work) / f"{name}.log.jsonl"  # one line per step: the loss curve and throughput
+    last = [time.perf_counter(), time.process_time()]
+    with _progress(name, quiet or rank != 0, TextColumn("loss {task.fields[loss]:.3f}"),
+                   TextColumn("{task.fields[ips]:.0f} img/s")) as progress:
+        task = progress.add_task(name, total=tuner.config.steps, completed=tuner.step, loss=float("nan"), ips=0.0)
+
+        def on_step(result) -> None:
+            nonlocal images
+            now = [time.perf_counter(), time.process_time()]
+            images += result.images
+            progress.update(task, advance=1, loss=result.loss, ips=images / (now[0] - started))
+            if rank == 0:
+                record = {"step": result.step, "loss": result.loss, "images": result.images * tuner.world,
+                          "seconds": now[0] - last[0], "cpu_seconds": now[1] - last[1], "processes": tuner.world}
+                with log_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            last[:] = now
+
+        tuner.run(on_step)
+    if rank == 0:
+        sn.save(Path(work) / "supernet.pt")
+        say(f"{name}: {tuner.step} steps on {tuner.world} process(es); weights in {work}/supernet.pt")
+    return tuner
+
+
+# -- profile -----------------------------------------------------------------------------------------
+def profile_step(work: str | Path, device: str, device_name: str | None = None, lut: str | Path | None = None,
+                 granularity: str = "fused", quiet: bool = False, say: Say = print):
+    """Measure the kernels of the space that the device's LUT lacks (with flushed and warm caches
+    where the backend flushes), then calibrate the device's cache model on whole SubNets.
+    Returns the ``DeviceSetup``."""
+    from autotailor.pipeline.workdir import device_setup
+    from autotailor.predict.latency import profile
+
+    setup = device_setup(load_supernet(work), work, device, device_name, lut, granularity)
+    plan = setup.plan
+    passes = [(setup.backend, setup.target, "caches flushed" if setup.hot_target else "")]
+    if setup.hot_target is not None:
+        passes.append((setup.hot_backend, setup.hot_target, "caches warm"))
+    with setup.open_store() as store:
+        say(f"{len(plan.kernels)} unique kernels ({granularity}, {len(plan.groups)} kernel groups) "
+            f"enumerated in {plan.seconds:.2f} s")
+        for backend, target, label in passes:
+            say(f"{store.count(target)} already in {store.path} for {target}")
+            with _progress(f"profile {label}", quiet) as progress:
+                task = progress.add_task("profile", total=None)
+                report = profile(plan, backend, store, target,
+                                 lambda done, total, t=task: progress.update(t, completed=done, total=total))
+            say(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
+                f"{store.count(target)} entries for {target}")
+    if not setup.cache_fixed:
+        with _progress("calibration (whole SubNets)", quiet) as progress:
+            task = progress.add_task("calibrate", total=None)
+            setup.calibrate(lambda done, total: progress.update(task, completed=done, total=total))
+        say(f"fitted to measured SubNets: {setup.predictor().describe()}"
+            + (" (cache_mb in --device fixes the budget instead)" if setup.hot_target is not None else ""))
+    return setup
+
+
+# -- sensitivity -------------------------------------------------------------------------------------
+def sensitivity_step(work: str | Path, data: str, settings: EvalSettings, quiet: bool = False, say: Say = print):
+    """Measure every single modification's accuracy drop (resumable); returns the table."""
+    from autotailor.predict.accuracy import measure_sensitivity
+
+    sn = load_supernet(work)
+    evaluation = eval_data(data, sn.example_shape[-1], settings)
+    say(f"{sn.space.num_modifications} single modifications to measure on {evaluation.images} validation images "
+        f"({len(evaluation.calibration)} calibration batches each)")
+    with _progress("sensitivity", quiet) as progress:
+        task = progress.add_task("sensitivity", total=None)
+        table = measure_sensitivity(sn, evaluation.val, evaluation.calibration, Path(work) / SENSITIVITY,
+                                    info={**evaluation.describe(), "seed": settings.seed},
+                                    on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+    worst = sorted(table.deltas.items(), key=lambda kv: -kv[1])[:3]
+    say(f"largest SubNet {100 * table.base_accuracy:.2f} %; {len(table.deltas)} sensitivities in "
+        f"{table.seconds:.1f} s; most sensitive: " + ", ".join(f"{k} ({100 * v:.2f} pts)" for k, v in worst))
+    return table
+
+
+def validation_data(sn, work: str | Path, data: str | None, settings: EvalSettings,
+                    overrides: dict[str, object] | None = None):
+    """The data SubNets are evaluated on after the sensitivity step (``EvalData``, or None when no
+    data is known): ``data``, else the sensitivity table's; the table's validation subset and
+    calibration (else ``settings``), then ``overrides``."""
+    from autotailor.settings import merge_settings
+
+    path = Path(work) / SENSITIVITY
+    info = json.loads(path.read_text()).get("info", {}) if path.is_file() else {}
+    spec = data or info.get("data")
+    if not spec:
+        return None
+    measured = {k: info[k] for k in ("validation_images", "calibration_batches", "seed") if k in info}
+    merged = merge_settings(EvalSettings, "sensitivity", vars(settings) | measured,
+                            {k: v for k, v in (overrides or {}).items() if v is not None})
+    return eval_data(spec, sn.example_shape[-1], merged)
+
+
+# -- search ------------------------------------------------------------------------------------------
+def search_step(work: str | Path, settings, device: str | None = "ort-cpu:threads=1", device_name: str | None = None,
+                lut: str | Path | None = None, data: str | None = None,
+                evaluation: EvalSettings = EvalSettings(), data_overrides: dict[str, object] | None = None,
+                quiet: bool = False):
+    """Search every budget of ``settings`` (``SearchSettings``) and write ``WORK/search.json``;
+    returns the ``SearchRecord``. ``device`` None or ``"none"``: no latency."""
+    from autotailor.pipeline.finalists import Finalists
+    from autotailor.pipeline.results import SearchRecord
+    from autotailor.pipeline.selection import objectives_for, run_search
+    from autotailor.pipeline.workdir import device_setup
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    sn = load_supernet(work)
+    constrains_latency = bool(settings.latency_ms) or (not settings.limits() and settings.axis == "latency_ms")
+    setup = None
+    if device and device != "none":
+        setup = device_setup(sn, work, device, device_name, lut)
+        if not constrains_latency:
+            try:  # latency is reported when the LUT is there, not required
+                setup.predictor()
+            except AutoTailorError:
+                setup = None
+    elif constrains_latency:
+        raise AutoTailorError("latency budgets need a device: --device ort-cpu:threads=1 (profiled first)")
+    objectives = objectives_for(sn, work, setup)
+    if settings.verify and setup is None:
+        raise AutoTailorError("verify measures the chosen SubNets on a device: give --device (profiled first)")
+    finalists = None
+    if settings.finalists:
+        measured_on = validation_data(sn, work, data, evaluation, data_overrides)
+        if measured_on is None:
+            raise AutoTailorError(f"finalists = {settings.finalists} measures SubNets' accuracy: give --data SPEC "
+                                  "(by default the data of `autotailor sensitivity`)")
+        finalists = Finalists.open(sn, work, measured_on, settings.finalists)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn())
+    with Progress(*columns, disable=not (settings.verify or finalists) or quiet) as progress:
+        timed = progress.add_task("verify (chosen SubNets timed)", total=None, visible=bool(settings.verify))
+        tested = progress.add_task("finalists (accuracy measured)", total=None, visible=finalists is not None)
+        run_search(sn, work, setup, settings, objectives,
+                   on_subnet=lambda done, total: progress.update(timed, completed=done, total=total),
+                   finalists=finalists,
+                   on_finalist=lambda done, total: progress.update(tested, completed=done, total=total))
+    return SearchRecord.read(work)
+
+
+def describe_search(found, work: str | Path) -> list[str]:
+    """The lines the command line prints for a search."""
+    lines = [f"{len(found.choices)} budgets searched in {found.seconds:.1f} s ({found.predictions} predictions"
+             + (f", {found.verify_rounds} verify rounds" if found.verified else "")
+             + f"); {len(found.met)} met; choices in {work}/{found.FILE}"]
+    for c in found.choices:
+        if c.arch is None:
+            lines.append(f"  {c.budget}: no SubNet meets it")
+            continue
+        shown = ", ".join(f"{m} {v:.4g}" for m, v in c.metrics.items() if m in ("latency_ms", "macs", "params"))
+        if c.measured_latency_ms is not None:
+            shown += f" (measured {c.measured_latency_ms:.4g} ms)"
+        lines.append(f"  {c.budget}: predicted accuracy {100 * c.accuracy:.2f} %"
+                     + (f" (measured {100 * c.measured_accuracy:.2f} %)" if c.measured_accuracy is not None else "")
+                     + f", {shown}")
+    return lines
+
+
+# -- export ------------------------------------------------------------------------------------------
+def export_step(work: str | Path, settings, data: str | None = None, evaluation: EvalSettings = EvalSettings(),
+                device: str | None = None, device_name: str | None = None, say: Say = print):
+    """Export the chosen SubNets ``settings.pick`` (``ExportSettings``) in ``settings.formats``,
+    measured on ``device`` (default: the search's; ``"none"``: not timed) and on the validation
+    data; writes ``WORK/exports.json`` and returns the ``Exported`` list."""
+    from autotailor.pipeline.deployment import check_formats, export_choices
+    from autotailor.pipeline.results import SearchRecord
+    from autotailor.pipeline.workdir import device_setup
+
+    sn = load_supernet(work)
+    check_formats(settings.formats)
+    found = SearchRecord.read(work)
+    chosen = found.pick(settings.pick)
+    measured_on = validation_data(sn, work, data, evaluation)
+    spec = device or found.device
+    setup = device_setup(sn, work, spec, device_name) if spec and spec != "none" else None
+
+    def done(e) -> None:
+        lat, acc = e.measured["latency_ms"], e.measured["accuracy"]
+        say(f"  {e.name}: {len(e.files)} file(s) in {Path(e.files[0]).parent}"
+            + (f"; measured {lat:.3f} ms (predicted {e.predicted.get('latency_ms', float('nan')):.3f})"
+               if lat is not None else "")
+            + (f"; accuracy {100 * acc:.2f} % (predicted {100 * e.predicted['accuracy']:.2f})"
+               if acc is not None else ""))
+
+    say(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
+        + (f", measured on {setup.spec}" if setup else ""))
+    return export_choices(sn, work, chosen, settings.formats, measured_on, setup, done)
