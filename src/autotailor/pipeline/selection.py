@@ -67,11 +67,10 @@ def objectives_for(sn, work: str | Path, device: DeviceSetup | None) -> Objectiv
     accuracy = SensitivityPredictor(sn.space, table)
     costs = CostModel(device.plan if device else KernelPlan(sn, "none", "fused"))
     cache: dict[tuple, Any] = {}
-    names = [v.name for v in sn.space.variables]
 
     def counted(field: str) -> Callable[[Arch], float]:
         def value(arch: Arch) -> float:
-            key = tuple(arch[n] for n in names)
+            key = sn.space.key(arch)
             if key not in cache:
                 cache[key] = costs.costs(arch)
             return getattr(cache[key], field)
@@ -80,13 +79,13 @@ def objectives_for(sn, work: str | Path, device: DeviceSetup | None) -> Objectiv
     metrics: dict[str, Callable[[Arch], float]] = {m: counted(m) for m in METRICS if m != "latency_ms"}
     if device is not None:
         try:
-            metrics["latency_ms"] = _measured_first(names, device.measured(), device.predictor().predict)
+            metrics["latency_ms"] = _measured_first(sn.space, device.measured(), device.predictor().predict)
         except AutoTailorError as exc:
             raise SearchError(f"{exc}: run `autotailor profile {work} --device {device.spec}`") from exc
     return Objectives(sn.space, accuracy.predict, metrics)
 
 
-def _measured_first(names: list[str], measured: dict[str, float],
+def _measured_first(space, measured: dict[str, float],
                     predict: Callable[[Arch], float]) -> Callable[[Arch], float]:
     """Latency: a SubNet measured whole on the device (calibrated or verified) has its
     measurement, any other the prediction. A verified SubNet that measured over its budget is
@@ -94,13 +93,10 @@ def _measured_first(names: list[str], measured: dict[str, float],
     some SubNets."""
     from autotailor.predict.latency import subnet_arch
 
-    known = {}
-    for key, ms in measured.items():
-        arch = subnet_arch(key)
-        known[tuple(arch[n] for n in names)] = ms
+    known = {space.key(subnet_arch(key)): ms for key, ms in measured.items()}
 
     def latency(arch: Arch) -> float:
-        ms = known.get(tuple(arch.get(n) for n in names))
+        ms = known.get(space.key(arch))
         return predict(arch) if ms is None else ms
     return latency
 

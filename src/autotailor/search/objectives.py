@@ -87,7 +87,7 @@ class Objectives:
         return list(self._metrics)
 
     def key(self, arch: Arch) -> tuple:
-        return tuple(arch[n] for n in self._names)
+        return self.space.key(arch)
 
     def accuracy(self, arch: Arch) -> float:
         key = self.key(arch)

@@ -115,6 +115,10 @@ class Space:
             full[v.name] = value
         return full
 
+    def key(self, arch: Arch) -> tuple:
+        """A hashable key of a complete ``arch``: its choices in variable order (what caches key on)."""
+        return tuple(arch[v.name] for v in self.variables)
+
     def dropped_blocks(self, arch: Arch) -> set[int]:
         """The droppable blocks ``arch`` leaves out (a stage's depth choice -d drops its last d)."""
         out: set[int] = set()
