@@ -519,3 +519,25 @@ def test_the_largest_subnet_counts_the_models_own_parameters(name):
     model = getattr(torchvision.models, name)()
     sn = at.compile(model, torch.zeros(1, 3, 64, 64))
     assert CostModel(KernelPlan(sn, "ort-cpu")).costs(sn.space.max()).params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["torchvision:shufflenet_v2_x0_5", "timm:deit_tiny_patch16_224", "torchvision:vit_b_16"])
+def test_kernels_that_read_sizes_or_return_several_tensors_are_enumerated_and_profiled(name) -> None:
+    # x.size() and arithmetic on sizes are folded into the kernels that use them; chunk, split
+    # and unbind, and nn.MultiheadAttention's (output, weights), are kernels with their consumers.
+    import timm
+
+    kind, _, model_name = name.partition(":")
+    model = timm.create_model(model_name) if kind == "timm" else getattr(torchvision.models, model_name)()
+    size = 64 if "shufflenet" in name else 224
+    sn = at.compile(well_conditioned(model), torch.zeros(1, 3, size, size), config="[var.global_vars]\nresolution = [%d]" % size)
+    plan = KernelPlan(sn, "ort-cpu")
+    assert CostModel(plan).costs(sn.space.max()).params == sum(p.numel() for p in model.parameters())
+    odd = [k for k in plan.kernels
+           if any(plan.by_name[n].multi or any(plan.by_name[a].scalar for a in plan.by_name[n].args_map.values())
+                  for n in plan.groups[k.group].nodes)]
+    assert odd
+    backend = make_backend("ort-cpu", threads=1, warmup=1, repeats=3)
+    for kernel in odd[:2]:
+        module, shapes = plan.example(kernel)
+        assert backend.measure(module, shapes).repeats == 3

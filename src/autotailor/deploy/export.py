@@ -22,14 +22,28 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
+def tracing_for_export() -> Iterator[None]:
+    """What every exporter runs under: no gradients, no warnings, and PyTorch's fused attention
+    fast path off (``nn.MultiheadAttention`` in eval mode without gradients otherwise calls
+    ``_native_multi_head_attention``, which neither ONNX nor TorchScript tracing can express)."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+@contextmanager
 def _exporting(net: nn.Module, path: Path, what: str) -> Iterator[Path]:
     """Yield a temporary file next to ``path`` with ``net`` in eval mode; on success move it
     to ``path``, on failure delete it and raise ``ExportError``. Restores the mode."""
     was_training = net.training
     net.eval()
     try:
-        with atomic_write(path) as tmp, warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
+        with atomic_write(path) as tmp, tracing_for_export():
             yield tmp
     except Exception as exc:
         raise ExportError(f"{what} export to {path} failed: {type(exc).__name__}: {exc}") from exc

@@ -58,6 +58,8 @@ class Node:
     handler: OpHandler = DEFAULT  # what counts its MACs and parameters
     facts: dict[str, Any] = field(default_factory=dict)  # what its handler's ``costs`` reads of the layer
     const: bool = False  # a parameter / constant: no cost, inlined into the kernels that use it
+    scalar: bool = False  # a value that is not a tensor (a size read, arithmetic on sizes): folded in
+    multi: bool = False  # a value of several tensors (chunk, split): its kernel holds its consumers
     is_param: bool = False  # a constant that is a learned parameter (counted in params)
     fx_node: fx.Node | None = field(default=None, repr=False)
     owner: fx.GraphModule | None = field(default=None, repr=False)
@@ -138,9 +140,10 @@ class ShapeModel:
         top = sn.space.max()
         self.resolutions = list(sn.space["resolution"].choices) if "resolution" in sn.space else [None]
         self.base: dict[Any, dict[str, Shape]] = {}
+        self.others: dict[str, str] = {}  # nodes whose value is not one tensor: "scalar" or "multi"
         for r in self.resolutions:
             arch = dict(top) if r is None else {**top, "resolution": r}
-            self.base[r] = _deduce(sn, arch)
+            self.base[r] = _deduce(sn, arch, self.others)
         self.r_max = self.resolutions[-1]
         ref = self.base[self.r_max]
         # node -> width variable -> choice -> [(dim, factor)]: how the variable scales its dims
@@ -171,13 +174,18 @@ class ShapeModel:
         return out
 
 
-def _deduce(sn: SuperNet, arch: Arch) -> dict[str, Shape]:
-    """Shapes of every node (flattened names) of ``arch`` with every block kept."""
+def _deduce(sn: SuperNet, arch: Arch, others: dict[str, str] | None = None) -> dict[str, Shape]:
+    """Shapes of every node (flattened names) of ``arch`` with every block kept. The nodes whose
+    values are not one tensor go into ``others``, if given: ``scalar`` (no tensor at all: a size)
+    or ``multi`` (several tensors: ``chunk``, ``split``, an attention's (output, weights))."""
     shapes: dict[str, Shape] = {}
 
     def record(name: str, n: fx.Node, value: Any) -> None:
         if isinstance(value, torch.Tensor):
             shapes[name] = tuple(value.shape)
+        elif others is not None:
+            leaves = torch.utils._pytree.tree_leaves(value)
+            others[name] = "multi" if any(isinstance(v, torch.Tensor) for v in leaves) else "scalar"
 
     with sn.using(arch):
         for b in sn.blocks():
@@ -245,7 +253,11 @@ def _group(nodes: list[Node], rules: FusionRules, granularity: str) -> list[list
             continue
         group = [n]
         taken.add(n.name)
-        if granularity != "operator" and n.kind in rules.anchors:
+        if n.multi:  # a kernel's inputs and outputs are tensors: it takes in the consumers too
+            more = [by_name[u] for u in consumers.get(n.name, []) if u not in taken]
+            group += more
+            taken.update(m.name for m in more)
+        elif granularity != "operator" and n.kind in rules.anchors:
             stage = 0
             while stage < len(rules.follow):
                 users = consumers.get(group[-1].name, [])
@@ -294,6 +306,7 @@ class KernelPlan:
         self.nodes = flatten(sn)
         self.by_name = {n.name: n for n in self.nodes}
         self.shapes = ShapeModel(sn)
+        _classify(self.nodes, self.shapes.others)
         self.groups: list[KernelGroup] = []
         self.kernels: list[Kernel] = []
         self._ids: dict[str, int] = {}
@@ -336,13 +349,15 @@ class KernelPlan:
         return group
 
     def _consts(self, members: list[Node]) -> list[str]:
+        """The tensor constants ``members`` read (scalars are folded in: the shapes show them)."""
         return list(dict.fromkeys(a for n in members for a in n.args_map.values()
-                                  if self.by_name.get(a) is not None and self.by_name[a].const))
+                                  if self.by_name.get(a) is not None and self.by_name[a].const
+                                  and not self.by_name[a].scalar))
 
     def _signature(self, group: KernelGroup, members: list[Node], consts: list[str], arch: Arch) -> str:
         shape = self.shapes.shape
         ins = ",".join(str(shape(i, arch)) for i in [*group.inputs, *consts])
-        outs = ",".join(str(shape(n.name, arch)) for n in members)
+        outs = ",".join(str(shape(n.name, arch)) for n in members if not n.multi)
         ks = ",".join(str(arch[n.kernel_var]) for n in members if n.kernel_var)
         return f"{group.static} | in {ins} | out {outs}" + (f" | k {ks}" if ks else "")
 
@@ -367,10 +382,39 @@ class KernelPlan:
         group = self.groups[kernel.group]
         arch = {**self.sn.space.max(), **dict(zip(group.variables, kernel.choices))}
         with self.sn.using(arch):
-            return _extract(self, group, arch), [self.shapes.shape(i, arch) for i in group.inputs]
+            return _extract(self, group, self._scalars(group)), [self.shapes.shape(i, arch) for i in group.inputs]
+
+    def _scalars(self, group: KernelGroup) -> dict[str, Any]:
+        """The values of the scalars ``group`` reads, under the active SubNet (every block kept):
+        what a static-shape export folds into the model."""
+        wanted = {a for name in group.nodes for a in self.by_name[name].args_map.values() if self.by_name[a].scalar}
+        if not wanted:
+            return {}
+        values: dict[str, Any] = {}
+
+        def record(name: str, n: fx.Node, value: Any) -> None:
+            if name in wanted:
+                values[name] = value
+
+        for b in self.sn.blocks():
+            b.transform(enabled=True)
+        run_meta(self.sn.net, torch.empty(self.sn.input_shape(), device="meta"), record)
+        return values
 
 
-def _extract(plan: KernelPlan, group: KernelGroup, arch: Arch) -> fx.GraphModule:
+def _classify(nodes: list[Node], others: dict[str, str]) -> None:
+    """Computations whose value holds no tensor (``x.size(0)``, arithmetic on sizes) become
+    folded constants: no kernel of their own, not a kernel's input (its shapes show them).
+    Those with several tensors are marked ``multi``: their kernel takes in their consumers."""
+    scalars = {n.name for n in nodes if not n.const and others.get(n.name) == "scalar"}
+    for n in nodes:
+        if n.name in scalars:
+            n.const = n.scalar = True
+        n.multi = others.get(n.name) == "multi"
+        n.inputs = tuple(i for i in n.inputs if i not in scalars)
+
+
+def _extract(plan: KernelPlan, group: KernelGroup, scalars: dict[str, Any]) -> fx.GraphModule:
     root = nn.Module()
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
@@ -378,7 +422,9 @@ def _extract(plan: KernelPlan, group: KernelGroup, arch: Arch) -> fx.GraphModule
         env[name] = graph.placeholder(f"x{i}")
     counter = itertools.count()
 
-    def value(name: str) -> fx.Node:
+    def value(name: str) -> Any:
+        if name in scalars:
+            return scalars[name]
         if name not in env:  # a constant: a copy of its active slice
             node = plan.by_name[name]
             target = node.fx_node.target

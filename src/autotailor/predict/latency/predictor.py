@@ -306,7 +306,8 @@ class CostModel:
                 costs = [kernel_cost[g.table[tuple(choice[v] for v in g.variables)]] for g in groups]
                 table[combo] = (sum(c[0] for c in costs), sum(c[1] for c in costs))
             self._sums.append((block, variables, table))
-        nodes = [n for n in plan.nodes if not n.const and n.kind != "output"]
+        # A value of several tensors is counted as the tensors its consumers take out of it.
+        nodes = [n for n in plan.nodes if not n.const and not n.multi and n.kind != "output"]
         position = {n.name: i for i, n in enumerate(nodes)}
         last_use = {n.name: position[n.name] for n in nodes}
         for n in plan.nodes:
@@ -381,8 +382,8 @@ def kernel_costs(plan: KernelPlan, kernel: Kernel) -> tuple[int, int]:
     macs = params = 0
     for name in group.nodes:
         node = plan.by_name[name]
-        out = plan.shapes.shape(name, arch)
-        ins = [plan.shapes.shape(i, arch) for i in node.inputs]
+        out = plan.shapes.shape(name, arch) if not node.multi else ()  # several tensors: no weights of its own
+        ins = [plan.shapes.shape(i, arch) for i in node.inputs if not plan.by_name[i].multi]
         k = arch[node.kernel_var] if node.kernel_var else None
         m, p = node.handler.costs(node.facts, ins, out, k)
         macs, params = macs + m, params + p

@@ -199,11 +199,10 @@ def _per_run_kernel_ms(events: list[dict], skip: int, node_offset_ms: float = 0.
 
 def _onnx_bytes(module: nn.Module, input_shapes: list[Shape]) -> bytes:
     """``module`` as an ONNX model with static shapes (BatchNorm folded, as in a deployed SubNet)."""
-    import warnings
+    from autotailor.deploy.export import tracing_for_export
 
     buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
+    with tracing_for_export():
         torch.onnx.export(module.eval(), tuple(torch.zeros(s) for s in input_shapes), buf, dynamo=False,
                           opset_version=17, input_names=[f"x{i}" for i in range(len(input_shapes))])
     return buf.getvalue()
