@@ -112,8 +112,9 @@ def evaluate(model: torch.nn.Module, val) -> float:
 
 
 def commit_of_head() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=HERE).stdout.strip() or "unknown"
+    """The last commit of this script (what made the weights; later commits elsewhere do not matter)."""
+    return subprocess.run(["git", "log", "-1", "--format=%h", "--", Path(__file__).name], capture_output=True,
+                          text=True, cwd=HERE).stdout.strip() or "unknown"
 
 
 def main() -> None:
