@@ -9,7 +9,9 @@ For each model (``benchmarks/cifar_models.py``: ResNet-18 with a 32x32 stem, Mob
 everything through the command line a user has:
 
 1. ``autotailor compile cifar_models:NAME --input-size 32`` (default space);
-2. ``autotailor train`` trains the largest SubNet from random weights (the base model);
+2. the base model: the weights ``benchmarks/train_base.py`` keeps in ``benchmarks/artifacts/``
+   (10 epochs), or with ``--train-here`` (or without them) ``autotailor train`` from random
+   weights;
 3. ``autotailor tune`` fine-tunes the SuperNet (K=4 SubNets per step, in-place distillation);
 4. evaluation on the 10,000 CIFAR-10 test images of the largest, the smallest and 20 random
    SubNets (seeded), each with and without BatchNorm recalibration (2,048 training images),
@@ -146,8 +148,14 @@ def run_model(state: State, name: str, args: argparse.Namespace) -> None:
     work = Path(args.work) / name
     data = f"cifar10:{args.data}"
     cli = str(BIN / "autotailor")
+    # The base model's weights from benchmarks/artifacts (train_base.py), when they are there.
+    base_artifact = (HERE / "artifacts" / f"{name}_cifar10.fp16.pt").is_file() and not args.train_here
     if not (work / "supernet.pt").is_file():
-        run([cli, "compile", MODELS[name], "--input-size", "32", "--out", str(work)])
+        spec = f"{MODELS[name]}_trained" if base_artifact else MODELS[name]
+        run([cli, "compile", spec, "--input-size", "32", "--out", str(work)])
+        if base_artifact:
+            shutil.copy(work / "supernet.pt", work / "supernet-base.pt")
+            state.put("artifact", name, "trained")
     train_steps = max(1, round(args.train_epochs * STEPS_PER_EPOCH))
     tune_steps = max(1, round(args.tune_epochs * STEPS_PER_EPOCH))
     if not state.get(name, "trained"):
@@ -281,6 +289,8 @@ def main() -> None:
     p.add_argument("--train-epochs", type=float, default=4)
     p.add_argument("--tune-epochs", type=float, default=8)
     p.add_argument("--tune-lr", type=float, default=0.03)
+    p.add_argument("--train-here", action="store_true",
+                   help="train the base model with `autotailor train` even if benchmarks/artifacts has its weights")
     p.add_argument("--random", type=int, default=20)
     p.add_argument("--dist-model", default="mobilenet_v2")
     p.add_argument("--report-only", action="store_true")
