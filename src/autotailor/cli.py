@@ -1,4 +1,4 @@
-"""The ``autotailor`` command line."""
+"""The ``autotailor`` command line: flags parsed into the steps' settings (``pipeline.steps``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
 
 from autotailor.errors import AutoTailorError
 
