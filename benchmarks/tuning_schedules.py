@@ -1,0 +1,127 @@
+"""How good are a SuperNet's SubNets before and after each tuning schedule: random SubNets'
+accuracy against their MACs on CIFAR-10.
+
+Reproduce (from the repository root, after `make install`; needs the base models in
+``benchmarks/artifacts/``, made by ``train_base.py``)::
+
+    .venv/bin/python benchmarks/tuning_schedules.py --data ../shared/data/cifar10
+    .venv/bin/python benchmarks/tuning_schedules.py --report-only
+
+For each model (ResNet-18 and MobileNetV2 of ``cifar_models``, their trained weights), the
+SuperNet compiled at 32 px with the default space, and for each schedule (today: ``untuned``,
+the trained base model's weights as they are) the largest, the smallest and ``--random`` seeded
+random SubNets are evaluated on the 10,000 test images with BatchNorm recalibrated on 2,048
+training images. MACs are counted from the shapes. The state is kept in
+``benchmarks/work/tuning_schedules/state.json``, so an interrupted run resumes. Results:
+``benchmarks/results/tuning_schedules.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import State, default_cifar10, machine, write_results  # noqa: E402
+
+MODELS = ("resnet18", "mobilenet_v2")
+CALIBRATION_IMAGES = 2048
+BATCH = 64
+
+
+def evaluate_schedule(state: State, model: str, schedule: str, data: str, randoms: int) -> None:
+    import torch
+
+    import autotailor as at
+    import cifar_models
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.predict.latency import CostModel, KernelPlan
+    from autotailor.tune import evaluate
+
+    sn = at.compile(cifar_models.trained(model), torch.zeros(1, 3, 32, 32))
+    costs = CostModel(KernelPlan(sn, "none"))
+    rng = random.Random(0)
+    archs = {"largest": sn.space.max(), "smallest": sn.space.min()}
+    archs.update({f"random{i:02d}": sn.space.complete(sn.space.sample(rng)) for i in range(randoms)})
+    train, val = load_data(f"cifar10:{data}", seed=0)
+    calib = BatchLoader(train, BATCH, train=True, resolution=32, seed=0)
+    calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // BATCH)]
+    batches = list(BatchLoader(val, 500, train=False, resolution=32))
+    for name, arch in archs.items():
+        if state.get(model, schedule, name) is not None:
+            continue
+        started = time.perf_counter()
+        accuracy = evaluate(sn, arch, batches, calibration)
+        state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs, "arch": arch}, model, schedule, name)
+        print(f"{model} {schedule} {name}: {100 * accuracy:.2f} % at {costs.costs(arch).macs / 1e6:.1f} M MACs "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+
+
+def report(state: State, args: argparse.Namespace) -> None:
+    command = " ".join(["python", "benchmarks/tuning_schedules.py", *(a for a in sys.argv[1:] if a != "--report-only")])
+    m = machine("torch")
+    lines = ["# SubNets before and after tuning (CIFAR-10)", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}. "
+             f"Command: `{command}` (resumes; `--report-only` rewrites this from the state). Accuracy on the 10,000 "
+             f"test images, BatchNorm recalibrated on {CALIBRATION_IMAGES} training images; MACs counted.", "",
+             "| model | schedule | largest | smallest | random: median (min-max) | random: Spearman(MACs, accuracy) |",
+             "|---|---|---|---|---|---|"]
+    summary = {}
+    for model in MODELS:
+        for schedule, subnets in (state.get(model) or {}).items():
+            rand = [v for k, v in subnets.items() if k.startswith("random")]
+            if not rand or "largest" not in subnets or "smallest" not in subnets:
+                continue
+            accs = [r["accuracy"] for r in rand]
+            rho = _spearman([r["macs"] for r in rand], accs)
+            summary.setdefault(model, {})[schedule] = {
+                "largest": subnets["largest"]["accuracy"], "smallest": subnets["smallest"]["accuracy"],
+                "random_median": statistics.median(accs), "random_min": min(accs), "random_max": max(accs),
+                "spearman_macs_accuracy": rho, "random": len(rand)}
+            lines.append(f"| {model} | {schedule} | {100 * subnets['largest']['accuracy']:.2f} | "
+                         f"{100 * subnets['smallest']['accuracy']:.2f} | {100 * statistics.median(accs):.2f} "
+                         f"({100 * min(accs):.2f}-{100 * max(accs):.2f}) | {rho:+.2f} |")
+    doc = {"machine": m, "command": command,
+           "summary": summary, "raw": state.data}
+    write_results(HERE / "results", "tuning_schedules", doc, "\n".join(lines) + "\n")
+
+
+def _spearman(x: list[float], y: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=default_cifar10(), help="directory with train.zip and test.zip")
+    p.add_argument("--work", default=str(HERE / "work" / "tuning_schedules"))
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--random", type=int, default=20)
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    state = State(Path(args.work) / "state.json")
+    if not args.report_only:
+        for model in args.models.split(","):
+            evaluate_schedule(state, model, "untuned", args.data, args.random)
+    report(state, args)
+
+
+if __name__ == "__main__":
+    main()
