@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,8 +67,10 @@ def evaluate_schedule(state: State, model: str, schedule: str, data: str, random
 def report(state: State, args: argparse.Namespace) -> None:
     command = " ".join(["python", "benchmarks/tuning_schedules.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
     lines = ["# SubNets before and after tuning (CIFAR-10)", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}. "
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}; commit {commit}. "
              f"Command: `{command}` (resumes; `--report-only` rewrites this from the state). Accuracy on the 10,000 "
              f"test images, BatchNorm recalibrated on {CALIBRATION_IMAGES} training images; MACs counted.", "",
              "| model | schedule | largest | smallest | random: median (min-max) | random: Spearman(MACs, accuracy) |",
@@ -87,7 +90,7 @@ def report(state: State, args: argparse.Namespace) -> None:
             lines.append(f"| {model} | {schedule} | {100 * subnets['largest']['accuracy']:.2f} | "
                          f"{100 * subnets['smallest']['accuracy']:.2f} | {100 * statistics.median(accs):.2f} "
                          f"({100 * min(accs):.2f}-{100 * max(accs):.2f}) | {rho:+.2f} |")
-    doc = {"machine": m, "command": command,
+    doc = {"machine": m, "commit": commit, "command": command,
            "summary": summary, "raw": state.data}
     write_results(HERE / "results", "tuning_schedules", doc, "\n".join(lines) + "\n")
 
