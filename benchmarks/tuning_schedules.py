@@ -8,8 +8,9 @@ Reproduce (from the repository root, after `make install`; needs the base models
     .venv/bin/python benchmarks/tuning_schedules.py --report-only
 
 For each model (ResNet-18 and MobileNetV2 of ``cifar_models``, their trained weights), the
-SuperNet compiled at 32 px with the default space, and for each schedule (today: ``untuned``,
-the trained base model's weights as they are) the largest, the smallest and ``--random`` seeded
+SuperNet compiled at 32 px with the default space, and for each schedule (``SCHEDULES``:
+``untuned``, the trained base model's weights as they are, or `autotailor tune` flags) the
+largest, the smallest and ``--random`` seeded
 random SubNets are evaluated on the 10,000 test images with BatchNorm recalibrated on 2,048
 training images. MACs are counted from the shapes. The state is kept in
 ``benchmarks/work/tuning_schedules/state.json``, so an interrupted run resumes. Results:
@@ -34,18 +35,44 @@ from common import State, default_cifar10, machine, write_results  # noqa: E402
 MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
 BATCH = 64
+STEPS_PER_EPOCH = 782
+# schedule -> `autotailor tune` flags (None: the base model's weights as they are)
+SCHEDULES: dict[str, list[str] | None] = {
+    "untuned": None,
+    # the recipe of tune_cifar10.py: the largest, the smallest and 2 random SubNets per step,
+    # in-place distillation from the largest, for one epoch
+    "sandwich4-1ep": ["--steps", str(STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay", "5e-4",
+                      "--warmup-steps", "100"],
+}
 
 
-def evaluate_schedule(state: State, model: str, schedule: str, data: str, randoms: int) -> None:
-    import torch
+def supernet(model: str, schedule: str, data: str, work: Path):
+    """The SuperNet of ``model`` after ``schedule``: compiled from the trained base model, and
+    tuned with the schedule's flags through the command line a user has (resumable)."""
+    import os
+    import subprocess
 
     import autotailor as at
-    import cifar_models
+
+    folder = work / model / schedule
+    cli = str(Path(sys.executable).parent / "autotailor")
+    env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    if not (folder / "supernet.pt").is_file():
+        subprocess.run([cli, "compile", f"cifar_models:{model}_trained", "--input-size", "32", "--out", str(folder)],
+                       check=True, env=env)
+    flags = SCHEDULES[schedule]
+    if flags is not None and not (folder / "tuned").is_file():
+        subprocess.run([cli, "tune", str(folder), "--data", f"cifar10:{data}", *flags, "--quiet"], check=True, env=env)
+        (folder / "tuned").write_text("done\n")
+    return at.load(folder)
+
+
+def evaluate_schedule(state: State, model: str, schedule: str, data: str, randoms: int, work: Path) -> None:
     from autotailor.data import BatchLoader, load_data
     from autotailor.predict.latency import CostModel, KernelPlan
     from autotailor.tune import evaluate
 
-    sn = at.compile(cifar_models.trained(model), torch.zeros(1, 3, 32, 32))
+    sn = supernet(model, schedule, data, work)
     costs = CostModel(KernelPlan(sn, "none"))
     rng = random.Random(0)
     archs = {"largest": sn.space.max(), "smallest": sn.space.min()}
@@ -116,13 +143,15 @@ def main() -> None:
     p.add_argument("--work", default=str(HERE / "work" / "tuning_schedules"))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--random", type=int, default=20)
+    p.add_argument("--schedules", default=",".join(SCHEDULES), help=f"among {', '.join(SCHEDULES)}")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     state = State(Path(args.work) / "state.json")
     if not args.report_only:
-        for model in args.models.split(","):
-            evaluate_schedule(state, model, "untuned", args.data, args.random)
+        for schedule in args.schedules.split(","):
+            for model in args.models.split(","):
+                evaluate_schedule(state, model, schedule, args.data, args.random, Path(args.work))
     report(state, args)
 
 
