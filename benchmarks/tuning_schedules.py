@@ -91,7 +91,7 @@ def evaluate_schedule(state: State, model: str, schedule: str, data: str, random
               f"({time.perf_counter() - started:.0f} s)", flush=True)
 
 
-def report(state: State, args: argparse.Namespace) -> None:
+def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/tuning_schedules.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -152,7 +152,7 @@ def main() -> None:
         for schedule in args.schedules.split(","):
             for model in args.models.split(","):
                 evaluate_schedule(state, model, schedule, args.data, args.random, Path(args.work))
-    report(state, args)
+    report(state)
 
 
 if __name__ == "__main__":

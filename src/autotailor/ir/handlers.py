@@ -41,7 +41,6 @@ if TYPE_CHECKING:  # the analysis lives in the compiler, a layer above
 
 FACETS = ("channels", "importance", "structure", "role", "same_shape", "kind", "describe", "facts", "costs",
           "dynamic")
-STRUCTURES = ("dense", "dwconv", "norm", "act", "other")
 
 Shape = tuple[int, ...]
 
