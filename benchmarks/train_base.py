@@ -50,10 +50,10 @@ PART_BYTES = 24 * 2**20
 log = logging.getLogger("train_base")
 
 
-def lr_factor(step: int, steps: int) -> float:
-    if step < WARMUP:
-        return (step + 1) / WARMUP
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - WARMUP) / max(1, steps - WARMUP))))
+def lr_factor(step: int, steps: int, warmup: int = WARMUP) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
 
 
 def _split_fp16(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -111,6 +111,51 @@ def evaluate(model: torch.nn.Module, val) -> float:
     return correct / len(val)
 
 
+def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoint_every: int, label: str,
+          fallback: dict | None = None, lr: float = LR, warmup: int = WARMUP) -> None:
+    """Train ``model`` in place for ``steps`` batches of ``loader`` with the recipe above,
+    resuming from ``ckpt_path`` (else from ``fallback``, a checkpoint dict) and writing it every
+    ``checkpoint_every`` steps (fp32 weights, momentum, step)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, nesterov=True)
+    params = dict(model.named_parameters())
+    start = 0
+    state = torch.load(ckpt_path, map_location="cpu") if ckpt_path.is_file() else fallback
+    if state is not None:
+        if state["steps"] != steps:
+            raise SystemExit(f"the checkpoint {ckpt_path} is of a {state['steps']}-step run, not {steps}; "
+                             "pass the same length")
+        model.load_state_dict(state["model"])
+        for k, buf in state["momentum"].items():
+            opt.state[params[k]]["momentum_buffer"] = buf.clone()
+        start = state["step"]
+        log.info("resumed %s at step %d of %d", label, start, steps)
+
+    def save(step: int) -> None:
+        momentum = {k: opt.state[p]["momentum_buffer"] for k, p in params.items() if "momentum_buffer" in opt.state[p]}
+        atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum},
+                          ckpt_path)
+
+    model.train()
+    t0, losses = time.perf_counter(), []
+    for step in range(start, steps):
+        for g in opt.param_groups:
+            g["lr"] = lr * lr_factor(step, steps, warmup)
+        epoch, i = divmod(step, len(loader))
+        x, y = loader.batch(epoch, i)
+        torch.manual_seed(step)  # dropout: a function of the step, as the batches are
+        loss = F.cross_entropy(model(x), y, label_smoothing=SMOOTHING)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+            save(step + 1)
+            rate = len(losses) * BATCH / (time.perf_counter() - t0)
+            log.info("%s step %d/%d loss %.3f (%.0f img/s)", label, step + 1, steps,
+                     sum(losses[-50:]) / len(losses[-50:]), rate)
+    model.eval()
+
+
 def commit_of_head() -> str:
     """The last commit of this script (what made the weights; later commits elsewhere do not matter)."""
     return subprocess.run(["git", "log", "-1", "--format=%h", "--", Path(__file__).name], capture_output=True,
@@ -142,47 +187,12 @@ def main() -> None:
 
     from autotailor.data import BatchLoader, load_data
 
-    train, val = load_data(f"cifar10:{args.data}", seed=0)
-    loader = BatchLoader(train, BATCH, train=True, seed=0)
+    train_set, val = load_data(f"cifar10:{args.data}", seed=0)
+    loader = BatchLoader(train_set, BATCH, train=True, seed=0)
     steps = round(args.epochs * len(loader))
     torch.manual_seed(0)
     model = cifar_models.MODELS[args.model]()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, nesterov=True)
-    params = dict(model.named_parameters())
-    start = 0
-    state = torch.load(ckpt_path, map_location="cpu") if ckpt_path.is_file() else from_snapshot(args.model)
-    if state is not None:
-        if state["steps"] != steps:
-            raise SystemExit(f"the checkpoint is of a {state['steps']}-step run, not {steps}; pass the same --epochs")
-        model.load_state_dict(state["model"])
-        for k, buf in state["momentum"].items():
-            opt.state[params[k]]["momentum_buffer"] = buf.clone()
-        start = state["step"]
-        log.info("resumed %s at step %d of %d", args.model, start, steps)
-
-    def save(step: int) -> None:
-        momentum = {k: opt.state[p]["momentum_buffer"] for k, p in params.items() if "momentum_buffer" in opt.state[p]}
-        atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum},
-                          ckpt_path)
-
-    model.train()
-    t0, losses = time.perf_counter(), []
-    for step in range(start, steps):
-        for g in opt.param_groups:
-            g["lr"] = LR * lr_factor(step, steps)
-        epoch, i = divmod(step, len(loader))
-        x, y = loader.batch(epoch, i)
-        torch.manual_seed(step)  # dropout: a function of the step, as the batches are
-        loss = F.cross_entropy(model(x), y, label_smoothing=SMOOTHING)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if (step + 1) % args.checkpoint_every == 0 or step + 1 == steps:
-            save(step + 1)
-            rate = len(losses) * BATCH / (time.perf_counter() - t0)
-            log.info("%s step %d/%d loss %.3f (%.0f img/s)", args.model, step + 1, steps,
-                     sum(losses[-50:]) / len(losses[-50:]), rate)
+    train(model, loader, steps, ckpt_path, args.checkpoint_every, args.model, from_snapshot(args.model))
 
     accuracy = evaluate(model, val)
     out = ARTIFACTS / f"{args.model}_cifar10.fp16.pt"

@@ -20,6 +20,7 @@ training images. MACs are counted from the shapes. The state is kept in
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import subprocess
@@ -43,7 +44,13 @@ SCHEDULES: dict[str, list[str] | None] = {
     # in-place distillation from the largest, for one epoch
     "sandwich4-1ep": ["--steps", str(STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay", "5e-4",
                       "--warmup-steps", "100"],
+    # the same recipe for four epochs
+    "sandwich4-4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay",
+                      "5e-4", "--warmup-steps", "100"],
 }
+# schedules whose tuned weights take more than ~20 minutes: kept in benchmarks/artifacts/
+KEPT = {"sandwich4-4ep"}
+ARTIFACTS = HERE / "artifacts"
 
 
 def supernet(model: str, schedule: str, data: str, work: Path):
@@ -51,6 +58,8 @@ def supernet(model: str, schedule: str, data: str, work: Path):
     tuned with the schedule's flags through the command line a user has (resumable)."""
     import os
     import subprocess
+
+    import torch
 
     import autotailor as at
 
@@ -61,10 +70,27 @@ def supernet(model: str, schedule: str, data: str, work: Path):
         subprocess.run([cli, "compile", f"cifar_models:{model}_trained", "--input-size", "32", "--out", str(folder)],
                        check=True, env=env)
     flags = SCHEDULES[schedule]
+    kept = tuned_artifact(model, schedule)
     if flags is not None and not (folder / "tuned").is_file():
-        subprocess.run([cli, "tune", str(folder), "--data", f"cifar10:{data}", *flags, "--quiet"], check=True, env=env)
+        if kept.is_file():  # tuned before: the kept weights instead of the hours of tuning
+            sn = at.load(folder)
+            sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in
+                                torch.load(kept, map_location="cpu").items()})
+            sn.save(folder / "supernet.pt")
+        else:
+            subprocess.run([cli, "tune", str(folder), "--data", f"cifar10:{data}", *flags, "--quiet"], check=True,
+                           env=env)
+            if schedule in KEPT:
+                sn = at.load(folder)
+                torch.save({k: v.half() if v.is_floating_point() else v for k, v in sn.state_dict().items()}, kept)
+                print(f"kept the tuned weights in {kept}: add its line to {ARTIFACTS / 'README.md'}", flush=True)
         (folder / "tuned").write_text("done\n")
     return at.load(folder)
+
+
+def tuned_artifact(model: str, schedule: str) -> Path:
+    """Where the weights of ``model``'s SuperNet tuned with ``schedule`` are kept (``KEPT``)."""
+    return ARTIFACTS / f"{model}_cifar10_{schedule}.fp16.pt"
 
 
 def evaluate_schedule(state: State, model: str, schedule: str, data: str, randoms: int, work: Path) -> None:
@@ -147,7 +173,10 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    state = State(Path(args.work) / "state.json")
+    path, committed = Path(args.work) / "state.json", HERE / "results" / "tuning_schedules.json"
+    if not path.is_file() and committed.is_file():  # a new machine: start from the committed measurements
+        path.write_text(json.dumps(json.loads(committed.read_text())["raw"]))
+    state = State(path)
     if not args.report_only:
         for schedule in args.schedules.split(","):
             for model in args.models.split(","):

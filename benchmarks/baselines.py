@@ -1,0 +1,271 @@
+"""AutoTailor's front against the baselines the paper compares with, on CIFAR-10.
+
+Reproduce (from the repository root, after `make install`; hours on 2 cores, resumable)::
+
+    .venv/bin/python benchmarks/tuning_schedules.py --schedules sandwich4-4ep   # the tuned SuperNets
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/baselines.py --data ../shared/data/cifar10
+    .venv/bin/python benchmarks/baselines.py --report-only
+
+For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``train_base.py``):
+
+- **AutoTailor**: the SuperNet tuned with ``tuning_schedules.SCHEDULE`` (its weights kept in
+  ``benchmarks/artifacts/``), profiled for ONNX Runtime with 1 thread, its sensitivities
+  measured, and ``--budgets 8`` latency budgets searched with ``--verify 2 --finalists 4``,
+  all through the command line a user has.
+- **NestDNN***: as the paper approximates NestDNN (its code is not public), the trained base
+  model pruned with Torch-Pruning (L1 magnitude, one ratio for every layer, the classifier
+  kept) at each of ``RATIOS``, each fine-tuned for as many steps of as many images as the
+  SuperNet's tuning took (``STEPS`` batches of 64), with the recipe of ``train_base.py`` at the
+  tuning's learning rate.
+
+Every model is evaluated on the 10,000 CIFAR-10 test images (AutoTailor's SubNets with
+BatchNorm recalibrated on 2,048 training images, as the search does) and timed as ONNX on
+ONNX Runtime (1 thread) in one pass, alternated with the SuperNet work directory's reference
+SubNet so that the machine's drift cancels (``DeviceSetup.time_deployed``; latencies are at the
+speed the LUT was built at). Compared: accuracy at equal latency (each baseline model against
+the most accurate AutoTailor SubNet no slower) and latency at equal accuracy (against the
+fastest AutoTailor SubNet at least as accurate). The state is kept in
+``benchmarks/work/baselines/state.json``, so an interrupted run resumes. Results:
+``benchmarks/results/baselines.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import cifar_models  # noqa: E402
+import train_base  # noqa: E402
+import tuning_schedules  # noqa: E402
+from common import State, default_cifar10, machine, write_results  # noqa: E402
+
+MODELS = ("resnet18", "mobilenet_v2")
+SCHEDULE = "sandwich4-4ep"
+STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the schedule's steps: each baseline model gets as many
+RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
+DEVICE = "ort-cpu:threads=1"
+LR, WARMUP = 0.03, 100  # the SuperNet tuning's
+CALIBRATION_IMAGES = 2048
+# The paper's Fig. 13 (ImageNet, phones and Jetsons): AutoTailor's mean gain over AdaptiveNet.
+PAPER = {"resnet50": {"accuracy_pts": 2.27, "latency_pct": -10.37},
+         "mobilenet_v2": {"accuracy_pts": 4.12, "latency_pct": -21.48}}
+
+log = logging.getLogger("baselines")
+
+
+def _cli(*argv: str) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    print("$ autotailor " + " ".join(argv), flush=True)
+    subprocess.run([str(Path(sys.executable).parent / "autotailor"), *argv], check=True, env=env)
+
+
+def autotailor_work(model: str, data: str, work: Path) -> Path:
+    """The work directory of ``model``'s tuned SuperNet, profiled, sensitivities measured and
+    searched (each step skipped when its output is there)."""
+    import autotailor as at
+
+    folder = work / model / "autotailor"
+    if not (folder / "supernet.pt").is_file():
+        kept = tuning_schedules.tuned_artifact(model, SCHEDULE)
+        if not kept.is_file():
+            raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --schedules {SCHEDULE} first")
+        _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--out", str(folder))
+        sn = at.load(folder)
+        sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in torch.load(kept, map_location="cpu").items()})
+        sn.save(folder / "supernet.pt")
+    if not (folder / "latency.sqlite").is_file():
+        _cli("profile", str(folder), "--device", DEVICE)
+    if not (folder / "sensitivity.json").is_file():
+        _cli("sensitivity", str(folder), "--data", f"cifar10:{data}")
+    if not (folder / "search.json").is_file():
+        _cli("search", str(folder), "--device", DEVICE, "--budgets", "8", "--verify", "2", "--finalists", "4")
+    return folder
+
+
+def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
+    """The test accuracy, MACs and parameters of every SubNet the search chose."""
+    import autotailor as at
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.pipeline.results import SearchRecord
+    from autotailor.predict.latency import CostModel, KernelPlan
+    from autotailor.tune import evaluate
+
+    folder = autotailor_work(model, data, work)
+    sn = at.load(folder)
+    costs = CostModel(KernelPlan(sn, "none"))
+    train, test = load_data(f"cifar10:{data}", seed=0)
+    calib = BatchLoader(train, 64, train=True, resolution=32, seed=0)
+    calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // 64)]
+    batches = list(BatchLoader(test, 500, train=False, resolution=32))
+    for chosen in SearchRecord.read(folder).met:
+        if state.get(model, "autotailor", chosen.budget) is not None:
+            continue
+        arch = sn.space.complete(chosen.arch)
+        accuracy = evaluate(sn, arch, batches, calibration)
+        c = costs.costs(arch)
+        state.put({"arch": arch, "accuracy": accuracy, "macs": c.macs, "params": c.params,
+                   "predicted_accuracy": chosen.accuracy}, model, "autotailor", chosen.budget)
+        print(f"{model} AutoTailor {chosen.budget}: {100 * accuracy:.2f} % at {c.macs / 1e6:.1f} M MACs", flush=True)
+
+
+def pruned(model: str, ratio: float) -> torch.nn.Module:
+    """NestDNN*: the trained ``model`` with ``ratio`` of each layer's channels removed by their
+    L1 norm (Torch-Pruning's magnitude importance, the same ratio everywhere), the classifier
+    kept. Deterministic, so a resumed run prunes the same channels."""
+    import torch_pruning as tp
+
+    net = cifar_models.trained(model)
+    classifier = net.fc if model == "resnet18" else net.classifier[-1]
+    pruner = tp.pruner.MetaPruner(net, torch.randn(1, 3, 32, 32), importance=tp.importance.MagnitudeImportance(p=1),
+                                  pruning_ratio=ratio, ignored_layers=[classifier])
+    pruner.step()
+    return net
+
+
+def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) -> None:
+    """Each ratio's pruned model fine-tuned for ``steps`` batches, then its test accuracy."""
+    import torch_pruning as tp
+    from autotailor.data import BatchLoader, load_data
+
+    train, test = load_data(f"cifar10:{data}", seed=0)
+    loader = BatchLoader(train, train_base.BATCH, train=True, seed=0)
+    for ratio in RATIOS:
+        key = f"{ratio:g}"
+        if state.get(model, "nestdnn", key) is not None:
+            continue
+        net = pruned(model, ratio)
+        macs, params = tp.utils.count_ops_and_params(net, torch.randn(1, 3, 32, 32))
+        started, cpu = time.perf_counter(), time.process_time()
+        train_base.train(net, loader, steps, work / model / f"nestdnn_{key}.ckpt", 200, f"{model} NestDNN* {key}",
+                         lr=LR, warmup=WARMUP)
+        accuracy = train_base.evaluate(net, test)
+        torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()},
+                   work / model / f"nestdnn_{key}.fp16.pt")
+        state.put({"ratio": ratio, "accuracy": accuracy, "macs": int(macs), "params": int(params), "steps": steps,
+                   "train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started},
+                  model, "nestdnn", key)
+        print(f"{model} NestDNN* {key}: {100 * accuracy:.2f} % at {macs / 1e6:.1f} M MACs", flush=True)
+
+
+def time_all(state: State, model: str, work: Path) -> None:
+    """Every point's latency as ONNX on ONNX Runtime, all in one interleaved pass."""
+    import autotailor as at
+    from autotailor.pipeline.workdir import device_setup
+
+    folder = work / model / "autotailor"
+    sn = at.load(folder)
+    setup = device_setup(sn, folder, DEVICE)
+    todo = []
+    for method in ("autotailor", "nestdnn"):
+        for key, point in (state.get(model, method) or {}).items():
+            if "latency_ms" not in point:
+                todo.append((method, key, point))
+    if not todo:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, (method, key, point) in enumerate(todo):
+            if method == "autotailor":
+                net, shape = sn.extract(point["arch"]).eval(), tuple(sn.input_shape(point["arch"]))
+            else:
+                net = pruned(model, point["ratio"])
+                net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in
+                                     torch.load(work / model / f"nestdnn_{key}.fp16.pt", map_location="cpu").items()})
+                shape = (1, 3, 32, 32)
+            files.append((setup.backend.deploy(net.eval(), Path(tmp) / f"m{i}", shape), shape))
+        timed = setup.time_deployed(files, probe_every=4)
+    for (method, key, point), (m, slowness) in zip(todo, timed):
+        state.put({**point, "latency_ms": m.median_ms, "raw_latency_ms": m.median_ms * slowness}, model, method, key)
+
+
+def compare(auto: list[dict], base: list[dict]) -> list[dict]:
+    """For each baseline point: the most accurate AutoTailor point no slower (accuracy at equal
+    latency) and the fastest at least as accurate (latency at equal accuracy)."""
+    rows = []
+    for b in sorted(base, key=lambda p: p["latency_ms"]):
+        faster = [a for a in auto if a["latency_ms"] <= b["latency_ms"]]
+        better = [a for a in auto if a["accuracy"] >= b["accuracy"]]
+        best = max(faster, key=lambda a: a["accuracy"]) if faster else None
+        quick = min(better, key=lambda a: a["latency_ms"]) if better else None
+        rows.append({"baseline": b, "accuracy_gain_pts": 100 * (best["accuracy"] - b["accuracy"]) if best else None,
+                     "latency_change_pct": 100 * (quick["latency_ms"] / b["latency_ms"] - 1) if quick else None})
+    return rows
+
+
+def report(state: State) -> None:
+    command = " ".join(["python", "benchmarks/baselines.py", *(a for a in sys.argv[1:] if a != "--report-only")])
+    m = machine("torch", "onnxruntime", "torch_pruning")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    lines = ["# AutoTailor against NestDNN* (CIFAR-10, ONNX Runtime 1 thread)", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
+             f"torch-pruning {m['torch_pruning']}; commit {commit}. Command: `{command}` (resumes; `--report-only` "
+             "rewrites this from the state). Accuracy on the 10,000 test images; latency as ONNX, timed in one "
+             "pass alternated with a reference SubNet and scaled to the speed the LUT was built at.", ""]
+    summary = {}
+    for model in MODELS:
+        auto = [p for p in (state.get(model, "autotailor") or {}).values() if "latency_ms" in p]
+        base = [p for p in (state.get(model, "nestdnn") or {}).values() if "latency_ms" in p]
+        if not auto or not base:
+            continue
+        rows = compare(auto, base)
+        gains = [r["accuracy_gain_pts"] for r in rows if r["accuracy_gain_pts"] is not None]
+        cuts = [r["latency_change_pct"] for r in rows if r["latency_change_pct"] is not None]
+        summary[model] = {"rows": rows, "mean_accuracy_gain_pts": sum(gains) / len(gains) if gains else None,
+                          "mean_latency_change_pct": sum(cuts) / len(cuts) if cuts else None}
+        lines += [f"## {model}", "", "| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
+                  "AutoTailor latency at equal accuracy |", "|---|---|---|---|---|"]
+        for r in rows:
+            b = r["baseline"]
+            lines.append(f"| {b['ratio']:g} | {b['latency_ms']:.3f} ms | {100 * b['accuracy']:.2f} % | "
+                         + (f"{r['accuracy_gain_pts']:+.2f} pts" if r["accuracy_gain_pts"] is not None else "none as fast")
+                         + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
+                                    else "none as accurate") + " |")
+        lines += ["", "| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs |",
+                  "|---|---|---|---|---|"]
+        for key, a in sorted(state.get(model, "autotailor").items(), key=lambda kv: kv[1].get("latency_ms", 0)):
+            lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} % | "
+                         f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M |")
+        lines.append("")
+    lines += ["The paper's Fig. 13 (ImageNet; phones and Jetsons; against AdaptiveNet): "
+              + "; ".join(f"{k}: {v['accuracy_pts']:+.2f} pts, {v['latency_pct']:+.2f} % latency"
+                          for k, v in PAPER.items()) + ".", ""]
+    doc = {"machine": m, "commit": commit, "command": command, "paper": PAPER, "summary": summary,
+           "raw": state.data}
+    write_results(HERE / "results", "baselines", doc, "\n".join(lines) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=default_cifar10(), help="directory with train.zip and test.zip")
+    p.add_argument("--work", default=str(HERE / "work" / "baselines"))
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--steps", type=int, default=STEPS, help="fine-tuning steps of each baseline model")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    state = State(work / "state.json")
+    if not args.report_only:
+        for model in args.models.split(","):
+            (work / model).mkdir(exist_ok=True)
+            autotailor_points(state, model, args.data, work)
+            nestdnn_points(state, model, args.data, work, args.steps)
+            time_all(state, model, work)
+    report(state)
+
+
+if __name__ == "__main__":
+    main()
