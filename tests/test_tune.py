@@ -102,3 +102,14 @@ def test_settings_come_from_the_config_and_the_command_line_wins() -> None:
         TuneConfig.from_settings({"steps": "10"})
     with pytest.raises(at.ConfigError, match=r"\[tune\] must be a table"):
         at.load_config("tune = 3")
+
+
+def test_each_step_trains_the_largest_then_the_smallest_unless_told_not_to(digits) -> None:
+    sn = _supernet()
+    loader = BatchLoader(digits[0], 8, train=True, resolution=16, seed=0)
+    sandwich = Tuner(sn, loader, TuneConfig(subnets=3), None).sample(5)
+    assert sandwich[:2] == [sn.space.max(), sn.space.min()] and len(sandwich) == 3
+    no_smallest = Tuner(sn, loader, TuneConfig(subnets=3, smallest=False), None).sample(5)
+    assert no_smallest[0] == sn.space.max() and len(no_smallest) == 3
+    assert no_smallest[1] == sandwich[2]  # the same seeded random SubNets, one more of them
+    assert sn.space.min() not in no_smallest[1:]

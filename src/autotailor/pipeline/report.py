@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from autotailor.files import write_text
+from autotailor.pipeline.finalists import FINALISTS
 from autotailor.pipeline.results import ExportsRecord, Record, RunRecord, SearchRecord
 from autotailor.pipeline.workdir import SENSITIVITY
 from autotailor.search import METRICS
@@ -29,8 +31,10 @@ def _fmt(metric: str, value: float | None) -> str:
     return f"{value / scale:.3g} {unit}"
 
 
-def plot(work: Path, search: SearchRecord, exports: ExportsRecord | None) -> Path:
-    """The Pareto front (predicted), the chosen SubNets (predicted and, if exported, measured)."""
+def plot(work: Path, search: SearchRecord, exports: ExportsRecord | None, images: int = 0) -> Path:
+    """The Pareto front (predicted), the chosen SubNets (predicted; measured on the validation
+    images, with one standard error for ``images`` of them, when finalists were measured) and
+    the exported SubNets as measured."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a server
@@ -45,6 +49,12 @@ def plot(work: Path, search: SearchRecord, exports: ExportsRecord | None) -> Pat
     chosen = search.met
     ax.plot([c.metrics[axis] / scale for c in chosen], [100 * c.accuracy for c in chosen], "o",
             color="tab:blue", label="chosen SubNets (predicted)")
+    front = sorted({(c.measured_latency_ms if axis == "latency_ms" and c.measured_latency_ms else c.metrics[axis],
+                     c.measured_accuracy) for c in chosen if c.measured_accuracy is not None})
+    if front:
+        ax.errorbar([x / scale for x, _ in front], [100 * a for _, a in front],
+                    yerr=[100 * standard_error(a, images) for _, a in front], fmt="-", marker="D", ms=4, capsize=3,
+                    color="tab:green", label="chosen SubNets (measured, validation)")
     measured = [e for e in (exports.exports if exports else []) if e.measured.get("accuracy") is not None
                 and (axis != "latency_ms" or e.measured.get("latency_ms") is not None)]
     if measured:
@@ -112,7 +122,9 @@ def write_report(work: str | Path) -> Path:
             if verified and c.arch:
                 cells.append(_fmt("latency_ms", c.measured_latency_ms))
             lines.append(f"| {c.budget} | {_fmt('accuracy', c.accuracy)} | " + " | ".join(cells) + " |")
-        lines += ["", f"![Pareto front]({plot(work, search, exports).name})", ""]
+        images = (_load(work / FINALISTS) or {}).get("info", {}).get("validation_images", 0)
+        lines += ["", *_front_summary(search, images),
+                  f"![Pareto front]({plot(work, search, exports, images).name})", ""]
     if exports:
         lines += ["## Exported SubNets, measured", "",
                   "Timed as they are now, not scaled: where the machine's speed drifts, they differ from the "
@@ -128,6 +140,33 @@ def write_report(work: str | Path) -> Path:
                          f"{_fmt('accuracy', e.measured.get('accuracy'))} | {files} |")
         lines.append("")
     return write_text(work / "report.md", "\n".join(lines))
+
+
+def standard_error(accuracy: float, images: int) -> float:
+    """One standard error of an accuracy measured on ``images`` images (binomial)."""
+    return math.sqrt(accuracy * (1 - accuracy) / images) if images else 0.0
+
+
+def _front_summary(search: SearchRecord, images: int) -> list[str]:
+    """How many budgets chose distinct SubNets; with measured accuracies, the validation noise,
+    whether measured accuracy rises with the budget within it, and the predictions' largest gap."""
+    met = search.met
+    distinct = len({json.dumps(c.arch, sort_keys=True) for c in met})
+    out = [f"{distinct} of {len(search.choices)} budgets chose distinct SubNets."]
+    measured = [c for c in met if c.measured_accuracy is not None]
+    if measured and images:
+        noise = [standard_error(c.measured_accuracy, images) for c in measured]
+        falls = [f"{b.budget} ({100 * b.measured_accuracy:.2f} % after {100 * a.measured_accuracy:.2f} %)"
+                 for a, b, na, nb in zip(measured, measured[1:], noise, noise[1:])
+                 if b.measured_accuracy < a.measured_accuracy - 2 * math.hypot(na, nb)]
+        gap = max(measured, key=lambda c: abs(c.accuracy - c.measured_accuracy))
+        out[0] += (f" Validation noise: one standard error of an accuracy measured on {images} images is "
+                   f"{100 * max(noise):.2f} pts or less. Measured accuracy "
+                   + ("rises with the budget (non-decreasing within two standard errors of each step)"
+                      if not falls else "falls by more than two standard errors at " + ", ".join(falls))
+                   + f"; the largest gap between predicted and measured is {100 * abs(gap.accuracy - gap.measured_accuracy):.2f}"
+                   f" pts ({gap.budget}).")
+    return out + [""]
 
 
 def _shown(search: SearchRecord) -> list[str]:

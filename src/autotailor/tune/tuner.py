@@ -45,7 +45,8 @@ class TuneConfig:
     """Settings of a tuning run (the ``[tune]`` table of the config, overridable on the CLI)."""
 
     steps: int = 1000
-    subnets: int = 4  # SubNets per step: the largest, the smallest, and random ones
+    subnets: int = 4  # SubNets per step: the largest, the smallest (if ``smallest``), and random ones
+    smallest: bool = True  # the sandwich rule; without it, short tunings leave the smallest SubNet no better trained than its neighbours
     optimizer: str = "sgd"
     lr: float = 0.05
     momentum: float = 0.9
@@ -106,10 +107,11 @@ class Tuner:
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     def sample(self, step: int) -> list[Arch]:
-        """The SubNets of ``step``: largest first (the teacher), then smallest, then random."""
+        """The SubNets of ``step``: largest first (the teacher), then smallest (``smallest``), then random."""
         space = self.sn.space
         rng = random.Random(f"{self.config.seed}:{step}")
-        archs = [space.max(), space.min()] + [space.sample(rng) for _ in range(max(0, self.config.subnets - 2))]
+        fixed = [space.max(), space.min()] if self.config.smallest else [space.max()]
+        archs = fixed + [space.sample(rng) for _ in range(max(0, self.config.subnets - len(fixed)))]
         return archs[: self.config.subnets]
 
     def train_step(self, step: int) -> StepResult:
