@@ -12,7 +12,10 @@ SuperNet compiled at 32 px with the default space, and for each schedule (``SCHE
 ``untuned``, the trained base model's weights as they are, or `autotailor tune` flags) the
 largest, the smallest and ``--random`` seeded
 random SubNets are evaluated on the 10,000 test images with BatchNorm recalibrated on 2,048
-training images. MACs are counted from the shapes. The state is kept in
+training images. MACs are counted from the shapes. Schedules in ``KEPT`` (hours) keep their
+tuned weights in ``benchmarks/artifacts/MODEL_cifar10_SCHEDULE.fp16.pt``, reused instead of
+tuning again; ``--snapshot`` keeps an unfinished tuning's checkpoint there, and the next run
+resumes from it. The state is kept in
 ``benchmarks/work/tuning_schedules/state.json``, so an interrupted run resumes. Results:
 ``benchmarks/results/tuning_schedules.{json,md}``.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -78,14 +82,34 @@ def supernet(model: str, schedule: str, data: str, work: Path):
                                 torch.load(kept, map_location="cpu").items()})
             sn.save(folder / "supernet.pt")
         else:
+            partial = checkpoint_artifact(model, schedule)
+            if partial.is_file() and not (folder / "tune.ckpt").is_file():  # a run an earlier session began
+                shutil.copyfile(partial, folder / "tune.ckpt")
             subprocess.run([cli, "tune", str(folder), "--data", f"cifar10:{data}", *flags, "--quiet"], check=True,
                            env=env)
+            partial.unlink(missing_ok=True)
             if schedule in KEPT:
                 sn = at.load(folder)
                 torch.save({k: v.half() if v.is_floating_point() else v for k, v in sn.state_dict().items()}, kept)
                 print(f"kept the tuned weights in {kept}: add its line to {ARTIFACTS / 'README.md'}", flush=True)
         (folder / "tuned").write_text("done\n")
     return at.load(folder)
+
+
+def checkpoint_artifact(model: str, schedule: str) -> Path:
+    """Where ``--snapshot`` keeps an unfinished tuning's checkpoint (weights, momentum, step: an
+    exact resume), for a later session whose work directory is gone."""
+    return ARTIFACTS / f"{model}_cifar10_{schedule}.tune.ckpt"
+
+
+def snapshot(model: str, schedule: str, work: Path) -> Path:
+    ckpt = work / model / schedule / "tune.ckpt"
+    if not ckpt.is_file():
+        raise SystemExit(f"no checkpoint at {ckpt} to snapshot")
+    if ckpt.stat().st_size > 25 * 2**20:
+        raise SystemExit(f"{ckpt} is {ckpt.stat().st_size / 2**20:.0f} MB, over the artifacts' 25 MB a file")
+    shutil.copyfile(ckpt, checkpoint_artifact(model, schedule))
+    return checkpoint_artifact(model, schedule)
 
 
 def tuned_artifact(model: str, schedule: str) -> Path:
@@ -171,12 +195,19 @@ def main() -> None:
     p.add_argument("--random", type=int, default=20)
     p.add_argument("--schedules", default=",".join(SCHEDULES), help=f"among {', '.join(SCHEDULES)}")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--snapshot", action="store_true", help="copy the unfinished tunings' checkpoints of --models "
+                   "and --schedules into benchmarks/artifacts (to resume in a later session) and stop")
     args = p.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     path, committed = Path(args.work) / "state.json", HERE / "results" / "tuning_schedules.json"
     if not path.is_file() and committed.is_file():  # a new machine: start from the committed measurements
         path.write_text(json.dumps(json.loads(committed.read_text())["raw"]))
     state = State(path)
+    if args.snapshot:
+        for model in args.models.split(","):
+            for schedule in args.schedules.split(","):
+                print(snapshot(model, schedule, Path(args.work)))
+        return
     if not args.report_only:
         for schedule in args.schedules.split(","):
             for model in args.models.split(","):
