@@ -51,8 +51,9 @@ steps = 150
 lr = 0.05
 warmup_steps = 20
 [tune]
-steps = 100
+steps = 500
 lr = 0.02
+smallest = false
 [sensitivity]
 calibration_batches = 4
 [search]
