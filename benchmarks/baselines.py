@@ -17,6 +17,11 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   kept) at each of ``RATIOS``, each fine-tuned for as many steps of as many images as the
   SuperNet's tuning took (``STEPS`` batches of 64), with the recipe of ``train_base.py`` at the
   tuning's learning rate.
+- **AdaptiveNet-style** (``adaptivenet.py``): the base model's residual blocks with shrunk,
+  merged and skipped variants, the new blocks trained for the same ``STEPS`` (half branch-wise
+  distillation, half tuning on the labels, the originals frozen), and for each of AutoTailor's
+  budgets its Nearby search on its own per-block latency table, accuracy measured on the
+  validation sample AutoTailor's finalists use.
 
 Every model is evaluated on the 10,000 CIFAR-10 test images (AutoTailor's SubNets with
 BatchNorm recalibrated on 2,048 training images, as the search does) and timed as ONNX on
@@ -45,6 +50,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import adaptivenet  # noqa: E402
 import cifar_models  # noqa: E402
 import train_base  # noqa: E402
 import tuning_schedules  # noqa: E402
@@ -55,6 +61,7 @@ SCHEDULE = "sandwich4-4ep"
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the schedule's steps: each baseline model gets as many
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 DEVICE = "ort-cpu:threads=1"
+METHODS = ("autotailor", "nestdnn", "adaptivenet")
 LR, WARMUP = 0.03, 100  # the SuperNet tuning's
 CALIBRATION_IMAGES = 2048
 # The paper's Fig. 13 (ImageNet, phones and Jetsons): AutoTailor's mean gain over AdaptiveNet.
@@ -158,6 +165,79 @@ def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) 
         print(f"{model} NestDNN* {key}: {100 * accuracy:.2f} % at {macs / 1e6:.1f} M MACs", flush=True)
 
 
+def adaptivenet_net(model: str, work: Path, steps: int, data: str):
+    """The AdaptiveNet-style SuperNet of ``model``, trained (resumable)."""
+    from autotailor.data import BatchLoader, load_data
+
+    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
+    train, _ = load_data(f"cifar10:{data}", seed=0)
+    adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps,
+                      work / model / "adaptivenet.ckpt", lr=LR)
+    return net
+
+
+def _trained_blocks(model: str, work: Path):
+    """The trained AdaptiveNet-style SuperNet of ``model`` from its checkpoint."""
+    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
+    net.variants.load_state_dict(torch.load(work / model / "adaptivenet.ckpt", map_location="cpu")["variants"])
+    return net.eval()
+
+
+def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: int) -> None:
+    """AdaptiveNet's search for each of AutoTailor's budgets (its own latency table, accuracy
+    measured on the same validation images), then each choice's test accuracy."""
+    import torch_pruning as tp
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.pipeline.results import SearchRecord
+    from autotailor.pipeline.workdir import EvalSettings, eval_data
+    from autotailor.predict.latency.backends.base import make_backend, parse_device
+
+    folder = work / model / "autotailor"
+    budgets = [c.limits["latency_ms"] for c in SearchRecord.read(folder).choices]
+    if all(state.get(model, "adaptivenet", f"{b:g}") is not None for b in budgets):
+        return
+    started, cpu = time.perf_counter(), time.process_time()
+    net = adaptivenet_net(model, work, steps, data)
+    if state.get(model, "adaptivenet_cost") is None:
+        state.put({"train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started,
+                   "steps": steps}, model, "adaptivenet_cost")
+    table = state.get(model, "adaptivenet_table")
+    if table is None:
+        name, options = parse_device(DEVICE)
+        table = adaptivenet.LatencyTable.measure(net, make_backend(name, **options), (1, 3, 32, 32)).ms
+        state.put(table, model, "adaptivenet_table")
+    table = adaptivenet.LatencyTable(table)
+    val = eval_data(f"cifar10:{data}", 32, EvalSettings())
+    measured: dict = {}
+
+    def accuracy(path) -> float:
+        if path not in measured:
+            measured[path] = adaptivenet.evaluate(net, path, val.val, val.calibration)
+        return measured[path]
+
+    train, test = load_data(f"cifar10:{data}", seed=0)
+    calib = BatchLoader(train, 64, train=True, resolution=32, seed=0)
+    calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // 64)]
+    batches = list(BatchLoader(test, 500, train=False, resolution=32))
+    for budget in budgets:
+        key = f"{budget:g}"
+        if state.get(model, "adaptivenet", key) is not None:
+            continue
+        cpu = time.process_time()
+        found = adaptivenet.nearby_search(net, table, budget, accuracy)
+        if found is None:
+            state.put({"budget_ms": budget, "path": None}, model, "adaptivenet", key)
+            continue
+        path, val_accuracy = found
+        macs, params = tp.utils.count_ops_and_params(net.subnet(path), torch.randn(1, 3, 32, 32))
+        state.put({"budget_ms": budget, "path": [list(c) for c in path], "val_accuracy": val_accuracy,
+                   "accuracy": adaptivenet.evaluate(net, path, batches, calibration), "macs": int(macs),
+                   "params": int(params), "table_ms": table.path_ms(net, path), "evaluations": len(measured),
+                   "search_cpu_seconds": time.process_time() - cpu}, model, "adaptivenet", key)
+        print(f"{model} AdaptiveNet {key}: {100 * state.get(model, 'adaptivenet', key, 'accuracy'):.2f} %",
+              flush=True)
+
+
 def time_all(state: State, model: str, work: Path) -> None:
     """Every point's latency as ONNX on ONNX Runtime, all in one interleaved pass."""
     import autotailor as at
@@ -167,22 +247,26 @@ def time_all(state: State, model: str, work: Path) -> None:
     sn = at.load(folder)
     setup = device_setup(sn, folder, DEVICE)
     todo = []
-    for method in ("autotailor", "nestdnn"):
+    for method in METHODS:
         for key, point in (state.get(model, method) or {}).items():
-            if "latency_ms" not in point:
+            if "latency_ms" not in point and point.get("path", True) is not None:
                 todo.append((method, key, point))
     if not todo:
         return
+    blocks = None
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         for i, (method, key, point) in enumerate(todo):
+            shape = (1, 3, 32, 32)
             if method == "autotailor":
                 net, shape = sn.extract(point["arch"]).eval(), tuple(sn.input_shape(point["arch"]))
+            elif method == "adaptivenet":
+                blocks = blocks or _trained_blocks(model, work)
+                net = blocks.subnet(tuple(tuple(c) for c in point["path"]))
             else:
                 net = pruned(model, point["ratio"])
                 net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in
                                      torch.load(work / model / f"nestdnn_{key}.fp16.pt", map_location="cpu").items()})
-                shape = (1, 3, 32, 32)
             files.append((setup.backend.deploy(net.eval(), Path(tmp) / f"m{i}", shape), shape))
         timed = setup.time_deployed(files, probe_every=4)
     for (method, key, point), (m, slowness) in zip(todo, timed):
@@ -203,36 +287,48 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
     return rows
 
 
+BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
+             "adaptivenet": ("AdaptiveNet budget", lambda p: f"{p['budget_ms']:.3g} ms")}
+
+
 def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/baselines.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch", "onnxruntime", "torch_pruning")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
-    lines = ["# AutoTailor against NestDNN* (CIFAR-10, ONNX Runtime 1 thread)", "",
+    lines = ["# AutoTailor against NestDNN* and AdaptiveNet (CIFAR-10, ONNX Runtime 1 thread)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
              f"torch-pruning {m['torch_pruning']}; commit {commit}. Command: `{command}` (resumes; `--report-only` "
              "rewrites this from the state). Accuracy on the 10,000 test images; latency as ONNX, timed in one "
-             "pass alternated with a reference SubNet and scaled to the speed the LUT was built at.", ""]
-    summary = {}
+             "pass alternated with a reference SubNet and scaled to the speed the LUT was built at. AutoTailor's "
+             "finalists and AdaptiveNet's search measure accuracy on the same validation sample.", ""]
+    summary: dict = {}
     for model in MODELS:
         auto = [p for p in (state.get(model, "autotailor") or {}).values() if "latency_ms" in p]
-        base = [p for p in (state.get(model, "nestdnn") or {}).values() if "latency_ms" in p]
-        if not auto or not base:
+        if not auto:
             continue
-        rows = compare(auto, base)
-        gains = [r["accuracy_gain_pts"] for r in rows if r["accuracy_gain_pts"] is not None]
-        cuts = [r["latency_change_pct"] for r in rows if r["latency_change_pct"] is not None]
-        summary[model] = {"rows": rows, "mean_accuracy_gain_pts": sum(gains) / len(gains) if gains else None,
-                          "mean_latency_change_pct": sum(cuts) / len(cuts) if cuts else None}
-        lines += [f"## {model}", "", "| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
-                  "AutoTailor latency at equal accuracy |", "|---|---|---|---|---|"]
-        for r in rows:
-            b = r["baseline"]
-            lines.append(f"| {b['ratio']:g} | {b['latency_ms']:.3f} ms | {100 * b['accuracy']:.2f} % | "
-                         + (f"{r['accuracy_gain_pts']:+.2f} pts" if r["accuracy_gain_pts"] is not None else "none as fast")
-                         + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
-                                    else "none as accurate") + " |")
-        lines += ["", "| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs |",
+        lines += [f"## {model}", ""]
+        for method, (label, name) in BASELINES.items():
+            base = [p for p in (state.get(model, method) or {}).values() if "latency_ms" in p]
+            if not base:
+                continue
+            rows = compare(auto, base)
+            gains = [r["accuracy_gain_pts"] for r in rows if r["accuracy_gain_pts"] is not None]
+            cuts = [r["latency_change_pct"] for r in rows if r["latency_change_pct"] is not None]
+            summary.setdefault(model, {})[method] = {
+                "rows": rows, "mean_accuracy_gain_pts": sum(gains) / len(gains) if gains else None,
+                "mean_latency_change_pct": sum(cuts) / len(cuts) if cuts else None}
+            lines += [f"| {label} | latency | accuracy | AutoTailor at equal latency | "
+                      "AutoTailor latency at equal accuracy |", "|---|---|---|---|---|"]
+            for r in rows:
+                b = r["baseline"]
+                lines.append(f"| {name(b)} | {b['latency_ms']:.3f} ms | {100 * b['accuracy']:.2f} % | "
+                             + (f"{r['accuracy_gain_pts']:+.2f} pts" if r["accuracy_gain_pts"] is not None
+                                else "none as fast")
+                             + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
+                                        else "none as accurate") + " |")
+            lines.append("")
+        lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs |",
                   "|---|---|---|---|---|"]
         for key, a in sorted(state.get(model, "autotailor").items(), key=lambda kv: kv[1].get("latency_ms", 0)):
             lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} % | "
@@ -241,9 +337,37 @@ def report(state: State) -> None:
     lines += ["The paper's Fig. 13 (ImageNet; phones and Jetsons; against AdaptiveNet): "
               + "; ".join(f"{k}: {v['accuracy_pts']:+.2f} pts, {v['latency_pct']:+.2f} % latency"
                           for k, v in PAPER.items()) + ".", ""]
+    if summary:
+        lines += [f"![fronts]({_plot(state).name})", ""]
     doc = {"machine": m, "commit": commit, "command": command, "paper": PAPER, "summary": summary,
            "raw": state.data}
     write_results(HERE / "results", "baselines", doc, "\n".join(lines) + "\n")
+
+
+def _plot(state: State) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(MODELS), figsize=(6 * len(MODELS), 4.2))
+    for ax, model in zip(axes, MODELS):
+        for method, style in (("autotailor", "o-"), ("nestdnn", "s--"), ("adaptivenet", "^:")):
+            points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in (state.get(model, method) or {}).values()
+                            if "latency_ms" in p)
+            if points:
+                ax.plot(*zip(*points), style, label={"nestdnn": "NestDNN*", "adaptivenet": "AdaptiveNet-style",
+                                                     "autotailor": "AutoTailor"}[method])
+        ax.set_title(f"{model}, CIFAR-10")
+        ax.set_xlabel("latency (ms), ONNX Runtime 1 thread")
+        ax.set_ylabel("top-1 accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = HERE / "results" / "baselines.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main() -> None:
@@ -263,6 +387,7 @@ def main() -> None:
             (work / model).mkdir(exist_ok=True)
             autotailor_points(state, model, args.data, work)
             nestdnn_points(state, model, args.data, work, args.steps)
+            adaptivenet_points(state, model, args.data, work, args.steps)
             time_all(state, model, work)
     report(state)
 
