@@ -13,7 +13,7 @@ import torchvision
 import autotailor as at
 from autotailor.data import BatchLoader, load_data
 from autotailor.predict.accuracy import (ArchEncoder, MlpPredictor, MlpSettings, SensitivityPredictor,
-                                         SensitivityTable, measure_sensitivity)
+                                         SensitivityTable, fit_overlap, measure_sensitivity)
 from autotailor.predict.latency import CostModel, KernelPlan
 from autotailor.search import Budget, EvolutionSettings, Objectives, SearchError, parse_budget_label, search
 from autotailor.tune import evaluate
@@ -54,6 +54,31 @@ def test_sensitivity_prediction_is_base_minus_the_deltas_it_makes(resnet) -> Non
     del table.deltas[next(iter(table.deltas))]
     with pytest.raises(at.AutoTailorError, match="the sensitivity table lacks 1 of"):
         SensitivityPredictor(space, table)
+
+
+def test_overlapping_drops_are_fitted_to_measured_subnets(resnet) -> None:
+    space = resnet.space
+    plain = SensitivityPredictor(space, _table(space))
+    archs = [space.complete(space.sample(i)) for i in range(30)] + [space.min()]
+    drops = plain.drops(archs)
+    # SubNets whose drops saturate at 5 points: the fit finds the level it was made with
+    truth = 0.9 - 0.05 * (1 - np.exp(-drops / 0.05))
+    fit = fit_overlap(plain, archs, truth)
+    assert fit.samples == 31 and fit.overlap == pytest.approx(0.05, rel=0.05)
+    assert fit.error < 0.001 and fit.loo_error < 0.001
+    fitted = SensitivityPredictor(space, plain.table, fit.overlap)
+    assert np.allclose(fitted.predict_many(archs), truth, atol=0.001)
+    assert fitted.predict(space.max()) == pytest.approx(0.9)
+    # the same order as the plain sum: a monotone map of it
+    assert np.array_equal(np.argsort(fitted.predict_many(archs)), np.argsort(plain.predict_many(archs)))
+    # drops that add up are found to add up; too few SubNets fit nothing
+    additive = fit_overlap(plain, archs, plain.predict_many(archs))
+    assert additive.overlap is None and additive.error < 1e-9
+    assert "drops adding up (the best fit)" in additive.describe()
+    assert fit_overlap(plain, archs[:4], truth[:4]) is None
+    assert fit.describe().startswith("sensitivities fitted to 31 measured SubNets: drops saturating at 5.0")
+    with pytest.raises(at.AutoTailorError, match="overlap = 0 must be a positive accuracy"):
+        SensitivityPredictor(space, plain.table, 0)
 
 
 def test_sensitivities_are_measured_once_and_resume(tmp_path) -> None:

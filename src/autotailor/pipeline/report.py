@@ -110,7 +110,8 @@ def write_report(work: str | Path) -> Path:
                      f"{search.verify_rounds} time(s) with the latency model refitted to them: "
                      f"{search.latency_model}." if verified else "")
                   + (f" Each budget's {finalists} best-predicted SubNets were measured for accuracy on the "
-                     "validation subset, and the most accurate chosen." if finalists else ""), "",
+                     "validation subset, and the most accurate chosen." if finalists else "")
+                  + (f" Predicted accuracy: {search.accuracy_model}." if search.accuracy_model else ""), "",
                   "| budget | predicted accuracy | " + ("measured accuracy | " if finalists else "")
                   + " | ".join(f"predicted {m}" for m in shown)
                   + (" | measured latency_ms |" if verified else " |"),

@@ -101,6 +101,7 @@ class SearchRecord(Record):
     finalists: int
     choices: list[Chosen]
     front: list[dict[str, Any]] = field(default_factory=list)
+    accuracy_model: str | None = None  # with finalists: how the predictor was fitted to them
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchRecord":

@@ -57,14 +57,26 @@ class SearchSettings:
         return span_budgets(objectives, self.axis, self.budgets)
 
 
-def objectives_for(sn, work: str | Path, device: DeviceSetup | None) -> Objectives:
-    """Predicted accuracy from ``WORK/sensitivity.json``; latency from the device's LUT (if a
-    device is given); MACs, parameters and memory counted from the SuperNet's shapes."""
-    from autotailor.predict.accuracy import SensitivityPredictor, SensitivityTable
+def accuracy_model(sn, work: str | Path, finalists: Finalists | None = None):
+    """The sensitivity predictor of ``WORK/sensitivity.json`` and, when ``finalists`` has
+    measured SubNets, its drops' overlap fitted to them (``fit_overlap``): (predictor, fit or None)."""
+    from autotailor.predict.accuracy import SensitivityPredictor, SensitivityTable, fit_overlap
+
+    predictor = SensitivityPredictor(sn.space, SensitivityTable.load(Path(work) / SENSITIVITY))
+    entries = list(finalists.measured.values()) if finalists is not None else []
+    fit = fit_overlap(predictor, [e["arch"] for e in entries], [e["accuracy"] for e in entries])
+    if fit is None or fit.overlap is None:
+        return predictor, fit
+    return SensitivityPredictor(sn.space, predictor.table, fit.overlap), fit
+
+
+def objectives_for(sn, work: str | Path, device: DeviceSetup | None, finalists: Finalists | None = None) -> Objectives:
+    """Predicted accuracy from ``WORK/sensitivity.json`` (fitted to the finalists' measurements,
+    if given: ``accuracy_model``); latency from the device's LUT (if a device is given); MACs,
+    parameters and memory counted from the SuperNet's shapes."""
     from autotailor.predict.latency import CostModel, KernelPlan
 
-    table = SensitivityTable.load(Path(work) / SENSITIVITY)
-    accuracy = SensitivityPredictor(sn.space, table)
+    accuracy, _ = accuracy_model(sn, work, finalists)
     costs = CostModel(device.plan if device else KernelPlan(sn, "none", "fused"))
     cache: dict[tuple, Any] = {}
 
@@ -183,7 +195,7 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         if not new or rounds == verify:
             break
         rounds += 1
-        objectives = objectives_for(sn, work, device)
+        objectives = objectives_for(sn, work, device, finalists)
         result = searched(objectives)
         seconds, predictions = seconds + result.seconds, predictions + result.predictions
     if verify:
@@ -196,14 +208,24 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
     if measured:
         # The last round's new choices were measured but not searched again, and every choice
         # was timed once more: one over its budget gives way to the best measured SubNet within it.
-        objectives = objectives_for(sn, work, device)
+        objectives = objectives_for(sn, work, device, finalists)
         result = dataclasses.replace(result, choices=[_within_measured(c, objectives, measured, finalists)
                                                       for c in result.choices])
     result = dataclasses.replace(result, seconds=seconds, predictions=predictions)
+    fit = None
+    if finalists is not None:
+        # every prediction recorded from the model fitted to all the measurements (the fit is a
+        # monotone map of the sum: it changes the figures, not the order)
+        predictor, fit = accuracy_model(sn, work, finalists)
+        result = dataclasses.replace(
+            result, choices=[c if c.arch is None else dataclasses.replace(c, accuracy=predictor.predict(
+                sn.space.complete(c.arch))) for c in result.choices],
+            front=[(a, predictor.predict(sn.space.complete(a)), cost) for a, _, cost in result.front])
     SearchRecord(
         device=device.spec if device else None,
         target=str(device.target) if device else None,
         latency_model=device.predictor().describe() if measured is not None else None,
+        accuracy_model=fit.describe() if fit is not None else None,
         axis=result.axis,
         settings=dataclasses.asdict(evolution),
         seconds=result.seconds,

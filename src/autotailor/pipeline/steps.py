@@ -248,7 +248,6 @@ def search_step(work: str | Path, settings, device: str | None = "ort-cpu:thread
                 setup = None
     elif constrains_latency:
         raise AutoTailorError("latency budgets need a device: --device ort-cpu:threads=1 (profiled first)")
-    objectives = objectives_for(sn, work, setup)
     if settings.verify and setup is None:
         raise AutoTailorError("verify measures the chosen SubNets on a device: give --device (profiled first)")
     finalists = None
@@ -258,6 +257,7 @@ def search_step(work: str | Path, settings, device: str | None = "ort-cpu:thread
             raise AutoTailorError(f"finalists = {settings.finalists} measures SubNets' accuracy: give --data SPEC "
                                   "(by default the data of `autotailor sensitivity`)")
         finalists = Finalists.open(sn, work, measured_on, settings.finalists)
+    objectives = objectives_for(sn, work, setup, finalists)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     with Progress(*columns, disable=not (settings.verify or finalists) or quiet) as progress:
@@ -275,6 +275,8 @@ def describe_search(found, work: str | Path) -> list[str]:
     lines = [f"{len(found.choices)} budgets searched in {found.seconds:.1f} s ({found.predictions} predictions"
              + (f", {found.verify_rounds} verify rounds" if found.verified else "")
              + f"); {len(found.met)} met; choices in {work}/{found.FILE}"]
+    if found.accuracy_model:
+        lines.append(f"  predicted accuracy: {found.accuracy_model}")
     for c in found.choices:
         if c.arch is None:
             lines.append(f"  {c.budget}: no SubNet meets it")
