@@ -14,11 +14,13 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   all through the command line a user has.
 - **NestDNN***: as the paper approximates NestDNN (its code is not public), the trained base
   model pruned with Torch-Pruning (L1 magnitude, one ratio for every layer, the classifier
-  kept) at each of ``RATIOS``, each fine-tuned for as many steps of as many images as the
-  SuperNet's tuning took (``STEPS`` batches of 64), with the recipe of ``train_base.py`` at the
-  tuning's learning rate.
+  kept) at each of ``RATIOS``, fine-tuned with the recipe of ``train_base.py`` at the tuning's
+  learning rate. Together they get the SuperNet tuning's image-steps (images times networks
+  trained on them: 3,128 batches of 64 for 4 SubNets each), each ratio a fifth
+  (``NESTDNN_STEPS``); their weights are kept in ``benchmarks/artifacts/``.
 - **AdaptiveNet-style** (``adaptivenet.py``): the base model's residual blocks with shrunk,
-  merged and skipped variants, the new blocks trained for the same ``STEPS`` (half branch-wise
+  merged and skipped variants, the new blocks trained for as many image-steps (``ADAPTIVENET_STEPS``
+  batches of one path each; half branch-wise
   distillation, half tuning on the labels, the originals frozen), and for each of AutoTailor's
   budgets its Nearby search on its own per-block latency table, accuracy measured on the
   validation sample AutoTailor's finalists use.
@@ -58,8 +60,10 @@ from common import State, default_cifar10, machine, write_results  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
 SCHEDULE = "sandwich4-4ep"
-STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the schedule's steps: each baseline model gets as many
+STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
+NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
+ADAPTIVENET_STEPS = 4 * STEPS
 DEVICE = "ort-cpu:threads=1"
 METHODS = ("autotailor", "nestdnn", "adaptivenet")
 LR, WARMUP = 0.03, 100  # the SuperNet tuning's
@@ -141,7 +145,8 @@ def pruned(model: str, ratio: float) -> torch.nn.Module:
 
 
 def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) -> None:
-    """Each ratio's pruned model fine-tuned for ``steps`` batches, then its test accuracy."""
+    """Each ratio's pruned model fine-tuned for ``steps`` batches (or its kept weights), then its
+    test accuracy."""
     import torch_pruning as tp
     from autotailor.data import BatchLoader, load_data
 
@@ -151,18 +156,26 @@ def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) 
         key = f"{ratio:g}"
         if state.get(model, "nestdnn", key) is not None:
             continue
-        net = pruned(model, ratio)
+        net, kept = pruned(model, ratio), nestdnn_artifact(model, ratio)
         macs, params = tp.utils.count_ops_and_params(net, torch.randn(1, 3, 32, 32))
         started, cpu = time.perf_counter(), time.process_time()
-        train_base.train(net, loader, steps, work / model / f"nestdnn_{key}.ckpt", 200, f"{model} NestDNN* {key}",
-                         lr=LR, warmup=WARMUP)
-        accuracy = train_base.evaluate(net, test)
-        torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()},
-                   work / model / f"nestdnn_{key}.fp16.pt")
+        if kept.is_file():
+            net.load_state_dict({k: v.float() if v.is_floating_point() else v
+                                 for k, v in torch.load(kept, map_location="cpu").items()})
+        else:
+            train_base.train(net, loader, steps, work / model / f"nestdnn_{key}.ckpt", 200,
+                             f"{model} NestDNN* {key}", lr=LR, warmup=WARMUP)
+            torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
+        accuracy = train_base.evaluate(net.eval(), test)
         state.put({"ratio": ratio, "accuracy": accuracy, "macs": int(macs), "params": int(params), "steps": steps,
                    "train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started},
                   model, "nestdnn", key)
         print(f"{model} NestDNN* {key}: {100 * accuracy:.2f} % at {macs / 1e6:.1f} M MACs", flush=True)
+
+
+def nestdnn_artifact(model: str, ratio: float) -> Path:
+    """Where a NestDNN* model's fine-tuned weights are kept (fp16 state dict of ``pruned``)."""
+    return HERE / "artifacts" / f"{model}_cifar10_nestdnn{ratio:g}.fp16.pt"
 
 
 def adaptivenet_net(model: str, work: Path, steps: int, data: str):
@@ -266,7 +279,8 @@ def time_all(state: State, model: str, work: Path) -> None:
             else:
                 net = pruned(model, point["ratio"])
                 net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in
-                                     torch.load(work / model / f"nestdnn_{key}.fp16.pt", map_location="cpu").items()})
+                                     torch.load(nestdnn_artifact(model, point["ratio"]),
+                                                map_location="cpu").items()})
             files.append((setup.backend.deploy(net.eval(), Path(tmp) / f"m{i}", shape), shape))
         timed = setup.time_deployed(files, probe_every=4)
     for (method, key, point), (m, slowness) in zip(todo, timed):
@@ -375,7 +389,11 @@ def main() -> None:
     p.add_argument("--data", default=default_cifar10(), help="directory with train.zip and test.zip")
     p.add_argument("--work", default=str(HERE / "work" / "baselines"))
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--steps", type=int, default=STEPS, help="fine-tuning steps of each baseline model")
+    p.add_argument("--nestdnn-steps", type=int, default=NESTDNN_STEPS, help="fine-tuning steps of each pruned model")
+    p.add_argument("--adaptivenet-steps", type=int, default=ADAPTIVENET_STEPS,
+                   help="training steps of the AdaptiveNet-style SuperNet's new blocks")
+    p.add_argument("--only-nestdnn", action="store_true",
+                   help="only fine-tune and evaluate the NestDNN* models (no latency measured: for a busy machine)")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -385,9 +403,12 @@ def main() -> None:
     if not args.report_only:
         for model in args.models.split(","):
             (work / model).mkdir(exist_ok=True)
+            if args.only_nestdnn:
+                nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
+                continue
             autotailor_points(state, model, args.data, work)
-            nestdnn_points(state, model, args.data, work, args.steps)
-            adaptivenet_points(state, model, args.data, work, args.steps)
+            nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
+            adaptivenet_points(state, model, args.data, work, args.adaptivenet_steps)
             time_all(state, model, work)
     report(state)
 
