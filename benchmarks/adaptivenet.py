@@ -159,20 +159,22 @@ class BlockScalingNet(nn.Module):
 
 
 def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float = 0.03, seed: int = 0,
-          checkpoint_every: int = 200) -> None:
+          checkpoint_every: int = 200, fallback: dict | None = None) -> None:
     """Half the steps branch-wise distillation, half tuning on the labels, each step one sampled
     path's new blocks (SGD with momentum, cosine schedule); the originals stay frozen. Every
-    step's path and batch are functions of the seed and the step, and ``checkpoint`` is written
-    every ``checkpoint_every`` steps, so an interrupted run resumes exactly."""
-    params = list(net.variants.parameters())
-    opt = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    step's path and batch are functions of the seed and the step, and ``checkpoint`` (new
+    blocks' weights, momentum, step: ``train_base``'s format) is written every
+    ``checkpoint_every`` steps, so an interrupted run resumes; without it, from ``fallback``."""
+    params = dict(net.variants.named_parameters())
+    opt = torch.optim.SGD(params.values(), lr=lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
     start = 0
-    if checkpoint.is_file():
-        state = torch.load(checkpoint, map_location="cpu")
+    state = torch.load(checkpoint, map_location="cpu") if checkpoint.is_file() else fallback
+    if state is not None:
         if state["steps"] != steps:
             raise SystemExit(f"{checkpoint} is of a {state['steps']}-step run, not {steps}; delete it or pass the same")
-        net.variants.load_state_dict(state["variants"])
-        opt.load_state_dict(state["optimizer"])
+        net.variants.load_state_dict(state["model"])
+        for k, buf in state["momentum"].items():
+            opt.state[params[k]]["momentum_buffer"] = buf.clone()
         start = state["step"]
         log.info("resumed at step %d of %d", start, steps)
     distill = steps // 2
@@ -202,8 +204,9 @@ def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float 
             for i, c in new:
                 net.module(i, c).eval()
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
-            torch.save({"step": step + 1, "steps": steps, "variants": net.variants.state_dict(),
-                        "optimizer": opt.state_dict()}, checkpoint.with_suffix(".tmp"))
+            momentum = {k: opt.state[p]["momentum_buffer"] for k, p in params.items() if "momentum_buffer" in opt.state[p]}
+            torch.save({"step": step + 1, "steps": steps, "model": net.variants.state_dict(), "momentum": momentum},
+                       checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)
             log.info("%s step %d/%d loss %.4f", "distillation" if step < distill else "tuning", step + 1, steps,
                      sum(losses[-50:]) / max(1, len(losses[-50:])))

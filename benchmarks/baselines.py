@@ -184,15 +184,19 @@ def adaptivenet_net(model: str, work: Path, steps: int, data: str):
 
     net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
     train, _ = load_data(f"cifar10:{data}", seed=0)
-    adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps,
-                      work / model / "adaptivenet.ckpt", lr=LR)
+    ckpt, kept = work / model / "adaptivenet.ckpt", train_base.from_snapshot(f"{model}_adaptivenet")
+    adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps, ckpt, lr=LR, fallback=kept)
+    if kept is None or kept["step"] < steps:  # the trained blocks (without momentum) kept for later sessions
+        train_base.snapshot(f"{model}_adaptivenet", {**torch.load(ckpt, map_location="cpu"), "momentum": {}})
     return net
 
 
 def _trained_blocks(model: str, work: Path):
     """The trained AdaptiveNet-style SuperNet of ``model`` from its checkpoint."""
     net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
-    net.variants.load_state_dict(torch.load(work / model / "adaptivenet.ckpt", map_location="cpu")["variants"])
+    ckpt = work / model / "adaptivenet.ckpt"
+    state = torch.load(ckpt, map_location="cpu") if ckpt.is_file() else train_base.from_snapshot(f"{model}_adaptivenet")
+    net.variants.load_state_dict(state["model"])
     return net.eval()
 
 
@@ -394,12 +398,20 @@ def main() -> None:
                    help="training steps of the AdaptiveNet-style SuperNet's new blocks")
     p.add_argument("--only-nestdnn", action="store_true",
                    help="only fine-tune and evaluate the NestDNN* models (no latency measured: for a busy machine)")
+    p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
+                   "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     state = State(work / "state.json")
+    if args.snapshot:
+        for model in args.models.split(","):
+            ckpt = work / model / "adaptivenet.ckpt"
+            if ckpt.is_file():
+                print(*train_base.snapshot(f"{model}_adaptivenet", torch.load(ckpt, map_location="cpu")))
+        return
     if not args.report_only:
         for model in args.models.split(","):
             (work / model).mkdir(exist_ok=True)
