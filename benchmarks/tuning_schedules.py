@@ -48,6 +48,9 @@ SCHEDULES: dict[str, list[str] | None] = {
     # in-place distillation from the largest, for one epoch
     "sandwich4-1ep": ["--steps", str(STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay", "5e-4",
                       "--warmup-steps", "100"],
+    # the largest and 3 random SubNets per step: no sandwich-rule smallest (the demo's setting)
+    "random4-1ep": ["--steps", str(STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay", "5e-4",
+                    "--warmup-steps", "100", "--config", str(HERE / "configs" / "no_smallest.toml")],
     # the same recipe for four epochs
     "sandwich4-4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay",
                       "5e-4", "--warmup-steps", "100"],
