@@ -19,7 +19,7 @@ from autotailor.pipeline.deployment import ExportSettings
 from autotailor.pipeline.results import ExportsRecord, RunRecord, SearchRecord
 from autotailor.pipeline.run import DEMO_CONFIG, plan_run
 from autotailor.pipeline.selection import SearchSettings, objectives_for
-from autotailor.pipeline.workdir import EvalSettings, eval_data
+from autotailor.pipeline.workdir import EvalSettings, eval_data, weights_digest
 from autotailor.predict.latency import LutStore
 from autotailor.settings import merge_settings
 from autotailor.tune import TuneConfig, recalibrated
@@ -242,7 +242,7 @@ def test_search_finalists_choose_the_most_accurate_measured_subnet(run_dir, caps
     # by default, the sensitivity table's validation subset and calibration
     data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
     stored = json.loads((run_dir / "finalists.json").read_text())
-    assert stored["info"] == data.describe()
+    assert stored["info"] == {**data.describe(), "weights": weights_digest(run_dir)}  # stale once tuned again
     measured = list(stored["subnets"].values())
     objectives = objectives_for(sn, work, None)
     chosen = [c for c in result["choices"] if c["arch"] is not None]

@@ -109,8 +109,10 @@ def test_sensitivities_are_measured_once_and_resume(tmp_path) -> None:
     again = measure_sensitivity(sn, val_batches, calib, path, info={"data": "digits"},
                                 on_progress=lambda d, t: seen.append((d, t)))
     assert seen[0] == (3, n + 1) and again.deltas == pytest.approx(table.deltas)
-    with pytest.raises(at.AutoTailorError, match="was measured with .* delete it to measure again"):
-        measure_sensitivity(sn, val_batches, calib, path, info={"data": "cifar10:/elsewhere"})
+    # measured on other data (or weights): set aside, measured again, never mixed
+    other = measure_sensitivity(sn, val_batches, calib, path, info={"data": "other"})
+    assert other.info == {"data": "other"} and len(other.deltas) == n
+    assert json.loads(path.with_name("sensitivity.json.stale").read_text())["info"] == {"data": "digits"}
 
 
 def test_mlp_learns_an_additive_accuracy(resnet) -> None:

@@ -18,6 +18,8 @@ from autotailor.errors import (
     ModelLoadError,
     SearchError,
     TraceError,
+    TrainingError,
+    WorkdirError,
 )
 from autotailor.supernet import Arch, Space, SuperNet, Variable, compile, load
 
@@ -35,6 +37,8 @@ __all__ = [
     "LatencyError",
     "ModelLoadError",
     "SearchError",
+    "TrainingError",
+    "WorkdirError",
     "Space",
     "SuperNet",
     "TailorConfig",

@@ -45,7 +45,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     from autotailor.pipeline.steps import compile_step
 
-    summary = compile_step(args.model, args.out, args.config, args.input_size)
+    summary = compile_step(args.model, args.out, args.config, args.input_size, force=args.force)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -246,7 +246,33 @@ def _read_arch(sn, spec: str | None):
     path = Path(spec)
     if not path.is_file():
         raise AutoTailorError(f"--arch {spec!r} is neither max, min nor an arch JSON file")
-    return json.loads(path.read_text())
+    try:
+        arch = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise AutoTailorError(f"--arch {spec}: not valid JSON ({exc}); an arch is an object such as "
+                              '{"resolution": 192, "stage3.reduce_depth": -1}') from exc
+    if not isinstance(arch, dict):
+        raise AutoTailorError(f"--arch {spec}: an arch is a JSON object of variable: choice, not {type(arch).__name__}")
+    return arch
+
+
+def _number(kind: type, low: float, high: float = float("inf"), above: bool = False):
+    """An argparse type: a ``kind`` in [low, high] (above ``low`` if ``above``); argparse names
+    the flag and exits 2 with the message otherwise."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not (value > low if above else value >= low) or not value <= high:
+            bound = f"above {low:g}" if above else f"at least {low:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: expected {bound}"
+                                             + (f" and at most {high:g}" if high != float("inf") else ""))
+        return value
+    return parse
+
+
+_POSITIVE_INT = _number(int, 1)
 
 
 def _add_latency_args(p: argparse.ArgumentParser, granularity: bool = True) -> None:
@@ -265,15 +291,15 @@ def _add_tuning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("work", help="work directory written by `autotailor compile`")
     p.add_argument("--data", required=True, help="cifar10:PATH, imagefolder:PATH or digits")
     p.add_argument("--config", help="TOML file whose [train] / [tune] table sets what the flags do not")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=_POSITIVE_INT, default=64)
+    p.add_argument("--steps", type=_POSITIVE_INT)
     p.add_argument("--optimizer", choices=("sgd", "adamw"))
-    p.add_argument("--lr", type=float)
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--lr", type=_number(float, 0, above=True))
+    p.add_argument("--weight-decay", type=_number(float, 0))
+    p.add_argument("--warmup-steps", type=_number(int, 0))
+    p.add_argument("--label-smoothing", type=_number(float, 0, 0.999))
     p.add_argument("--seed", type=int)
-    p.add_argument("--checkpoint-every", type=int)
+    p.add_argument("--checkpoint-every", type=_POSITIVE_INT)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -289,8 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="torchvision:NAME, timm:NAME, path/to/model.onnx or package.module:factory")
     p.add_argument("--config", help="TOML file with the modification space (default: built-in defaults)")
     p.add_argument("--out", required=True, help="work directory to write supernet.pt and the summaries to")
-    p.add_argument("--input-size", type=int, default=None, help="largest input resolution (default 224)")
+    p.add_argument("--input-size", type=_number(int, 8, 4096), default=None,
+                   help="largest input resolution, 8 to 4096 (default 224)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--force", action="store_true",
+                   help="replace the work directory's SuperNet and delete what was made from the old one")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("train", help="train the largest SubNet (a model without trained weights)")
@@ -383,15 +412,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands that write into a work directory: one at a time per directory (``run`` locks in ``execute``)
+_WRITERS = ("compile", "train", "tune", "profile", "sensitivity", "search", "export", "report")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        work = getattr(args, "out", None) if args.command == "compile" else getattr(args, "work", None)
+        if args.command in _WRITERS and work:
+            from autotailor.pipeline.workdir import locked
+
+            with locked(work, "autotailor " + " ".join(sys.argv[1:] if argv is None else argv)):
+                return args.func(args)
         return args.func(args)
     except AutoTailorError as exc:
         print(f"autotailor: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("autotailor: interrupted; run the same command to resume", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

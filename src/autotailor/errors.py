@@ -45,3 +45,11 @@ class AccuracyPredictorError(AutoTailorError):
 
 class SearchError(AutoTailorError):
     """A search was asked something it cannot answer (no budget, unknown metric, no predictor, ...)."""
+
+
+class TrainingError(AutoTailorError):
+    """Training or tuning stopped: a non-finite or exploding loss. The weights on disk are the last good ones."""
+
+
+class WorkdirError(AutoTailorError):
+    """A work directory is in use by another run, belongs to another model, or holds unreadable state."""

@@ -36,17 +36,25 @@ class Finalists:
     path: Path
     count: int
     measured: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # key -> {arch, accuracy}
+    info: dict[str, Any] | None = None  # what the measurements were made on (data, weights); default the data's
 
     @classmethod
     def open(cls, sn, work: str | Path, data, count: int) -> "Finalists":
         """The work directory's measurements if they were made on ``data``, else none (the file is
         then replaced at the first new measurement)."""
+        from autotailor.pipeline.workdir import weights_digest
+
         path = Path(work) / FINALISTS
-        stored = json.loads(path.read_text()) if path.is_file() else {}
-        measured = stored.get("subnets", {}) if stored.get("info") == data.describe() else {}
+        info = {**data.describe(), "weights": weights_digest(work)}
+        try:
+            stored = json.loads(path.read_text()) if path.is_file() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            log.warning("%s is unreadable (%s); measuring again", path, exc)
+            stored = {}
+        measured = stored.get("subnets", {}) if isinstance(stored, dict) and stored.get("info") == info else {}
         if stored and not measured:
-            log.info("%s was measured on other data (%s); measuring again", path, stored.get("info"))
-        return cls(sn, data, path, count, measured)
+            log.info("%s was measured on other weights or data (%s); measuring again", path, stored.get("info"))
+        return cls(sn, data, path, count, measured, info)
 
     def _key(self, arch: Arch) -> str:
         return json.dumps(self.sn.space.canonical(arch), sort_keys=True)
@@ -69,7 +77,8 @@ class Finalists:
                 on_subnet(i, len(todo))
             full = self.sn.space.complete(arch)
             self.measured[key] = {"arch": full, "accuracy": evaluate(self.sn, full, self.data.val, self.data.calibration)}
-            write_text(self.path, json.dumps({"info": self.data.describe(), "subnets": self.measured}, indent=1))
+            write_text(self.path, json.dumps({"info": self.info or self.data.describe(), "subnets": self.measured},
+                                             indent=1))
         if on_subnet and todo:
             on_subnet(len(todo), len(todo))
         return len(todo)

@@ -136,6 +136,13 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
 def execute(plan: RunPlan, on_step: Callable[[str, str], None] | None = None) -> RunRecord:
     """Run the plan's steps not yet recorded as done in ``WORK/run.json``, recording each as it
     finishes, then write the report; returns the record."""
+    from autotailor.pipeline.workdir import locked
+
+    with locked(plan.work, f"autotailor run {plan.config}"):
+        return _execute(plan, on_step)
+
+
+def _execute(plan: RunPlan, on_step: Callable[[str, str], None] | None) -> RunRecord:
     from autotailor.pipeline.report import write_report
 
     record = RunRecord.read(plan.work) if RunRecord.exists(plan.work) else RunRecord(str(plan.config))

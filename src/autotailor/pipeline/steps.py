@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from autotailor.errors import AutoTailorError
-from autotailor.pipeline.workdir import CONFIG, SENSITIVITY, EvalSettings, eval_data, load_supernet
+from autotailor.errors import AutoTailorError, WorkdirError
+from autotailor.pipeline.workdir import CONFIG, SENSITIVITY, EvalSettings, eval_data, load_supernet, weights_digest
 
 T = TypeVar("T")
 Say = Callable[[str], None]
@@ -73,16 +73,26 @@ def summary_of(sn) -> dict[str, Any]:
 
 
 def compile_step(model: str, out: str | Path, config: str | Path | None = None,
-                 input_size: int | None = None) -> dict[str, Any]:
+                 input_size: int | None = None, force: bool = False) -> dict[str, Any]:
     """Compile ``model`` into ``out`` (a work directory); returns the summary. The files are
-    staged and moved in together, so a failure leaves nothing half-written."""
+    staged and moved in together, so a failure leaves nothing half-written. A directory that
+    holds a SuperNet is refused, or with ``force`` cleared of everything made from it first
+    (``MADE_FILES``), once the new SuperNet is compiled."""
     import autotailor as at
+    from autotailor.pipeline.workdir import MADE_FILES
 
+    out = Path(out)
+    used = [name for name in MADE_FILES if (out / name).exists()]
+    if "supernet.pt" in used and not force:
+        raise WorkdirError(f"{out} already holds a SuperNet and what was made from it ({', '.join(used)}); compile "
+                           "into a new directory, or pass --force to replace it (those files are deleted)")
     cfg = at.load_config(config)
     sn = at.compile(model, torch.zeros(1, 3, input_size, input_size) if input_size else None, config=cfg)
     summary = summary_of(sn)
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for name in used if force else ():
+        target = out / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".staging-"))
     try:
         sn.save(staging / "supernet.pt")
@@ -197,7 +207,8 @@ def sensitivity_step(work: str | Path, data: str, settings: EvalSettings, quiet:
     with _progress("sensitivity", quiet) as progress:
         task = progress.add_task("sensitivity", total=None)
         table = measure_sensitivity(sn, evaluation.val, evaluation.calibration, Path(work) / SENSITIVITY,
-                                    info={**evaluation.describe(), "seed": settings.seed},
+                                    info={**evaluation.describe(), "seed": settings.seed,
+                                          "weights": weights_digest(work)},
                                     on_progress=lambda done, total: progress.update(task, completed=done, total=total))
     worst = sorted(table.deltas.items(), key=lambda kv: -kv[1])[:3]
     say(f"largest SubNet {100 * table.base_accuracy:.2f} %; {len(table.deltas)} sensitivities in "
@@ -212,8 +223,10 @@ def validation_data(sn, work: str | Path, data: str | None, settings: EvalSettin
     calibration (else ``settings``), then ``overrides``."""
     from autotailor.settings import merge_settings
 
+    from autotailor.predict.accuracy import SensitivityTable
+
     path = Path(work) / SENSITIVITY
-    info = json.loads(path.read_text()).get("info", {}) if path.is_file() else {}
+    info = SensitivityTable.load(path).info if path.is_file() else {}
     spec = data or info.get("data")
     if not spec:
         return None

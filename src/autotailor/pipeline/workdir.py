@@ -14,21 +14,74 @@ WORK/run.json           run                      which steps of `autotailor run`
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from autotailor.errors import AutoTailorError
+from autotailor.errors import AutoTailorError, WorkdirError
 
 CONFIG = "config.json"
 SENSITIVITY = "sensitivity.json"
 LUT = "latency.sqlite"
+
+
+#: What the steps write into a work directory: ``compile --force`` deletes these and nothing else.
+MADE_FILES = ("supernet.pt", "space.json", "compile.json", CONFIG, "train.ckpt", "tune.ckpt", "train.log.jsonl",
+              "tune.log.jsonl", SENSITIVITY, "finalists.json", "search.json", "exports.json", "latency.sqlite",
+              "latency.sqlite-wal", "latency.sqlite-shm", "report.md", "report.png", "run.json", "export")
+_LOCK = ".autotailor.lock"
+
+
+@contextlib.contextmanager
+def locked(work: str | Path, command: str) -> Iterator[None]:
+    """Hold ``WORK``'s lock while the block runs: one writer per work directory. A second
+    writer is refused at once with the holder's process id and command (the operating system
+    releases the lock when a process ends, however it ends)."""
+    work = Path(work)
+    created = not work.exists()
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        handle = open(work / _LOCK, "a+")
+    except OSError as exc:
+        raise WorkdirError(f"cannot write to the work directory {work}: {exc.strerror or exc}; choose a "
+                           "writable directory") from exc
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise WorkdirError(f"{work} is in use by {holder}; wait for it to finish (or stop it) and run "
+                               "again") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()} ({command})")
+        handle.flush()
+        try:
+            yield
+        finally:  # no file left behind; a directory made for nothing goes too (a failed compile)
+            (work / _LOCK).unlink(missing_ok=True)
+            if created and not any(work.iterdir()):
+                work.rmdir()
+
+
+def weights_digest(work: str | Path) -> str:
+    """A digest of ``WORK/supernet.pt``. Results measured on the SuperNet's weights record it and
+    are stale once it changes (tuned, or compiled again)."""
+    digest = hashlib.sha256()
+    with open(Path(work) / "supernet.pt", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def load_supernet(work: str | Path):

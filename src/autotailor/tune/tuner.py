@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from autotailor.data.loader import BatchLoader, at_resolution
-from autotailor.errors import AutoTailorError
+from autotailor.errors import AutoTailorError, TrainingError
 from autotailor.files import atomic_write
 from autotailor.settings import merge_settings
 from autotailor.supernet import Arch, SuperNet
@@ -67,6 +67,16 @@ class TuneConfig:
             raise AutoTailorError(f"tune.optimizer = {self.optimizer!r} is not allowed; expected one of {OPTIMIZERS}")
         if self.steps < 1 or self.subnets < 1 or self.checkpoint_every < 1:
             raise AutoTailorError("tune.steps, tune.subnets and tune.checkpoint_every must be >= 1")
+        ranges = {"lr": (self.lr, 0.0, math.inf, "a positive number"),
+                  "weight_decay": (self.weight_decay, 0.0, math.inf, "0 or more"),
+                  "momentum": (self.momentum, 0.0, 1.0, "in [0, 1)"),
+                  "label_smoothing": (self.label_smoothing, 0.0, 1.0, "in [0, 1)")}
+        for key, (value, low, high, allowed) in ranges.items():
+            positive = value > low if key == "lr" else value >= low
+            if not (positive and value < high):
+                raise AutoTailorError(f"tune.{key} = {value} is not allowed; expected {allowed}")
+        if self.warmup_steps < 0:
+            raise AutoTailorError(f"tune.warmup_steps = {self.warmup_steps} is not allowed; expected 0 or more")
 
 
 @dataclass
@@ -92,6 +102,7 @@ class Tuner:
             self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
+        self._saved_step = 0
         self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
@@ -139,9 +150,24 @@ class Tuner:
                 total += float(loss.detach()) / len(archs)
         if self.distributed:
             total = self._average_across_processes(total)
+        self._check_loss(step, total, out.shape[-1])
         self.optimizer.step()
         self.schedule.step()
         return StepResult(step, total, len(y) * len(archs))
+
+    def _check_loss(self, step: int, loss: float, classes: int) -> None:
+        """Stop before a diverged step changes the weights: a non-finite loss, or one above 100
+        times a uniform guess's (``log(classes)``), which no training that still learns reaches."""
+        if math.isfinite(loss) and loss <= 100 * math.log(max(classes, 2)):
+            return
+        kept = (f"the checkpoint {self.checkpoint} (step {self._saved_step})" if self.checkpoint is not None
+                and self.checkpoint.is_file() else "no checkpoint")
+        raise TrainingError(
+            f"the loss diverged at step {step}: {loss:.4g} (lr {self.config.lr:g}); the weights were not changed by "
+            f"it, and the files on disk are the last good ones ({kept}). Lower the learning rate or add warm-up "
+            "steps"
+            + (f", delete {self.checkpoint} (it holds the old settings)" if self.checkpoint is not None
+               and self.checkpoint.is_file() else "") + " and run again")
 
     def _average_across_processes(self, loss: float) -> float:
         """Average gradients (one flat all-reduce), BatchNorm statistics and the loss."""
@@ -181,6 +207,7 @@ class Tuner:
                 return
         with atomic_write(self.checkpoint) as tmp:
             torch.save(self.state(), tmp)
+        self._saved_step = self.step
 
     def resume(self) -> bool:
         """Continue from the checkpoint if there is one; it must come from the same settings."""
@@ -195,7 +222,7 @@ class Tuner:
         self.sn.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
-        self.step = state["step"]
+        self.step = self._saved_step = state["step"]
         log.info("resumed from %s at step %d", self.checkpoint, self.step)
         return True
 

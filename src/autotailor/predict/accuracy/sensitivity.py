@@ -116,7 +116,12 @@ class SensitivityTable:
         if not path.is_file():
             raise AccuracyPredictorError(
                 f"{path} does not exist; build it with `autotailor sensitivity {path.parent} --data SPEC`")
-        return cls.from_dict(json.loads(path.read_text()))
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError, AttributeError) as exc:
+            raise AccuracyPredictorError(
+                f"{path} is not a sensitivity table ({exc}); run `autotailor sensitivity {path.parent} --data SPEC`, "
+                "which sets it aside and measures again") from exc
 
     def save(self, path: str | Path) -> None:
         """Atomic: a crash leaves the previous table, never half a file."""
@@ -129,17 +134,29 @@ def measure_sensitivity(sn: SuperNet, val_batches: Batches, calibration: Batches
     """Measure every single modification's Δ on ``val_batches`` (BN recalibrated on
     ``calibration`` for each SubNet), resuming from ``path`` and saving there after each one.
 
-    A table measured on other data (``info`` differs) is an error rather than silently mixed.
+    A table measured on other weights or data (``info`` differs) is set aside as
+    ``PATH.stale`` and measured again, never mixed; an unreadable one is set aside as ``PATH.bad``.
     """
     path = Path(path)
     encoder = ArchEncoder(sn.space)
     images = sum(len(y) for _, y in val_batches)
     info = dict(info or {})
-    table = SensitivityTable.load(path) if path.is_file() else SensitivityTable(info=info)
+    table = SensitivityTable(info=info)
+    if path.is_file():
+        try:
+            table = SensitivityTable.load(path)
+        except AccuracyPredictorError as exc:  # unreadable: kept aside for a look, measured afresh
+            aside = path.with_name(path.name + ".bad")
+            path.replace(aside)
+            log.warning("%s; moved to %s, measuring again", exc, aside)
     if table.info != info or (table.validation_images and table.validation_images != images):
-        raise AccuracyPredictorError(
-            f"{path} was measured with {table.info} on {table.validation_images} images, not {info} on {images}; "
-            "delete it to measure again")
+        # measured on other weights or data: stale, kept aside and measured again
+        aside = path.with_name(path.name + ".stale")
+        path.replace(aside)
+        changed = sorted(k for k in set(table.info) | set(info) if table.info.get(k) != info.get(k))
+        log.warning("%s was measured with other %s; moved to %s, measuring again", path, ", ".join(changed) or
+                    "validation images", aside)
+        table = SensitivityTable(info=info)
     table.validation_images, table.calibration_batches = images, len(calibration)
     todo = [i for i, k in enumerate(encoder.keys) if k not in table.deltas]
     total = len(encoder) + 1

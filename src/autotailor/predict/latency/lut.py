@@ -83,7 +83,8 @@ class LutStore:
             self._db.execute("PRAGMA journal_mode=WAL")  # readers do not block a profiling writer
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
-            raise AutoTailorError(f"{self.path} is not a latency table (SQLite): {exc}") from exc
+            raise AutoTailorError(f"{self.path} is not a latency table (SQLite: {exc}); move it aside "
+                                  f"(mv {self.path} {self.path}.bad) and profile again to measure a new one") from exc
 
     def close(self) -> None:
         self._db.close()
