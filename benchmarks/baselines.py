@@ -396,8 +396,9 @@ def main() -> None:
     p.add_argument("--nestdnn-steps", type=int, default=NESTDNN_STEPS, help="fine-tuning steps of each pruned model")
     p.add_argument("--adaptivenet-steps", type=int, default=ADAPTIVENET_STEPS,
                    help="training steps of the AdaptiveNet-style SuperNet's new blocks")
-    p.add_argument("--only-nestdnn", action="store_true",
-                   help="only fine-tune and evaluate the NestDNN* models (no latency measured: for a busy machine)")
+    p.add_argument("--train-only", action="store_true",
+                   help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
+                        "blocks (no latency measured: for a busy machine)")
     p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
                    "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
     p.add_argument("--report-only", action="store_true")
@@ -415,8 +416,9 @@ def main() -> None:
     if not args.report_only:
         for model in args.models.split(","):
             (work / model).mkdir(exist_ok=True)
-            if args.only_nestdnn:
+            if args.train_only:
                 nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
+                adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
                 continue
             autotailor_points(state, model, args.data, work)
             nestdnn_points(state, model, args.data, work, args.nestdnn_steps)

@@ -61,7 +61,7 @@ def test_model_specs() -> None:
 
 @pytest.mark.parametrize("text,message", [
     ("[var.global_vars\nresolution = [1]", "is not valid TOML"),
-    ("[var.global_vars]\nresolutions = [224]", "unknown key 'var.global_vars.resolutions'; allowed keys are resolution, width_ratio"),
+    ("[var.global_vars]\nresolutions = [224]", "unknown key 'var.global_vars.resolutions'; allowed keys are resolution, embed_ratio, width_ratio"),
     ("[var.stage_vars]\nreduce_depth = [1]", r"var.stage_vars.reduce_depth = \[1\] is not allowed; expected a list of integers <= 0"),
     ("[var.block_vars]\nFooBlock.expand_ratio = [0.5]", "unknown template in var.block_vars.FooBlock.expand_ratio; templates are ConvNeXtBlock"),
     ("[var.block_vars]\nBasicBlock.depth = [1]", "unknown block variable var.block_vars.BasicBlock.depth; allowed: expand_ratio, kernel_size"),

@@ -29,11 +29,14 @@ class ChannelGroup:
     size: int
     members: list[Member] = field(default_factory=list)
     fixed: str | None = None  # why the group may not change, if it may not
-    granularity: int = 1  # channels move in chunks of this size (grouped convolutions)
+    granularity: int = 1  # channels move in chunks of this size (grouped convolutions, heads)
+    split_by: str | None = None  # the attention node that splits these channels into heads
 
     @property
     def variable(self) -> bool:
-        return self.fixed is None and self.size >= 2 * self.granularity and any(m.role == "out" for m in self.members)
+        """Whether a width variable may slice it (heads are sliced by the heads variable instead)."""
+        return (self.fixed is None and self.split_by is None and self.size >= 2 * self.granularity
+                and any(m.role == "out" for m in self.members))
 
 
 class ChannelAnalysis:
@@ -68,6 +71,9 @@ class ChannelAnalysis:
         self._parent[b] = a
         ga.members += gb.members
         ga.granularity = math.lcm(ga.granularity, gb.granularity)
+        if ga.split_by and gb.split_by and ga.split_by != gb.split_by:
+            ga.fixed = ga.fixed or f"{ga.split_by} and {gb.split_by} split the same channels into heads"
+        ga.split_by = ga.split_by or gb.split_by
         if ga.size != gb.size:
             ga.fixed = ga.fixed or f"channel counts {ga.size} and {gb.size} meet at {where}"
         ga.fixed = ga.fixed or gb.fixed
@@ -79,6 +85,14 @@ class ChannelAnalysis:
     def fix(self, gid: int, reason: str) -> None:
         g = self.group(gid)
         g.fixed = g.fixed or reason
+
+    def split(self, gid: int, node: str, per_head: int) -> None:
+        """``node`` splits the group's channels into heads of ``per_head`` channels each."""
+        g = self.group(gid)
+        if g.split_by not in (None, node):
+            g.fixed = g.fixed or f"{g.split_by} and {node} split the same channels into heads"
+        g.split_by = node
+        g.granularity = math.lcm(g.granularity, per_head)
 
     def add_member(self, gid: int, member: Member) -> None:
         self.group(gid).members.append(member)

@@ -26,20 +26,12 @@ def _member_tensors(gm: fx.GraphModule, nodes: dict[str, fx.Node], m: Member) ->
     return handlers.for_module(mod).importance(mod, m.role)
 
 
-def importance_order(gm: fx.GraphModule, group: ChannelGroup) -> torch.Tensor:
-    """Channel order, most important first.
-
-    A channel's importance is the L1 norm of the weights that produce it, scaled by the
-    BatchNorm that directly follows the producer (|gamma| / sqrt(var + eps)), summed over the
-    group's producers after normalising each. Including the BatchNorm scale makes the order
-    the same whether BatchNorm is a separate layer or folded into the convolution, as in an
-    ONNX export, so a model and its export get the same SubNets. Groups without producers
-    (rare) fall back to their consumers' weights.
-    """
-    nodes = {n.name: n for n in gm.graph.nodes}
-    role = "out" if any(m.role == "out" for m in group.members) else "in"
+def _chunk_scores(gm: fx.GraphModule, nodes: dict[str, fx.Node], group: ChannelGroup) -> torch.Tensor:
+    """Each chunk's (``granularity`` channels') importance (see ``importance_order``)."""
+    weighted = [m for m in group.members if _member_tensors(gm, nodes, m)]
+    role = "out" if any(m.role == "out" for m in weighted) else "in"
     score = torch.zeros(group.size, dtype=torch.float64)
-    for m in group.members:
+    for m in weighted:
         if m.role != role:
             continue
         w, axis = _member_tensors(gm, nodes, m)[0]
@@ -47,10 +39,27 @@ def importance_order(gm: fx.GraphModule, group: ChannelGroup) -> torch.Tensor:
         if role == "out":
             s = s * _bn_scale(gm, nodes[m.node])
         score += s / s.sum().clamp_min(1e-12)
-    g = group.granularity
-    chunks = score.reshape(-1, g).sum(1)
+    return score.reshape(-1, group.granularity).sum(1)
+
+
+def importance_order(gm: fx.GraphModule, group: ChannelGroup | tuple[ChannelGroup, ...]) -> list[torch.Tensor]:
+    """Channel order of each group, most important first.
+
+    A channel's importance is the L1 norm of the weights that produce it, scaled by the
+    BatchNorm that directly follows the producer (|gamma| / sqrt(var + eps)), summed over the
+    group's producers after normalising each. Including the BatchNorm scale makes the order
+    the same whether BatchNorm is a separate layer or folded into the convolution, as in an
+    ONNX export, so a model and its export get the same SubNets. Groups without weighted
+    producers (the output of attention) fall back to their consumers' weights. Channels move in
+    chunks of the group's granularity; tied groups (a tuple: the projections into and out of
+    the same heads) share one order of chunks, their scores summed.
+    """
+    groups = group if isinstance(group, tuple) else (group,)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    scores = [_chunk_scores(gm, nodes, g) for g in groups]
+    chunks = scores[0] if len(scores) == 1 else sum(c / c.sum().clamp_min(1e-12) for c in scores)
     order = torch.sort(chunks, descending=True, stable=True).indices
-    return (order[:, None] * g + torch.arange(g)[None, :]).reshape(-1)
+    return [(order[:, None] * g.granularity + torch.arange(g.granularity)[None, :]).reshape(-1) for g in groups]
 
 
 def _bn_scale(gm: fx.GraphModule, producer: fx.Node) -> torch.Tensor | float:
@@ -65,8 +74,8 @@ def _bn_scale(gm: fx.GraphModule, producer: fx.Node) -> torch.Tensor | float:
     return 1.0
 
 
-def reorder_channels(gm: fx.GraphModule, groups: list[ChannelGroup]) -> None:
-    """Permute every member of every group in place by its ``importance_order``.
+def reorder_channels(gm: fx.GraphModule, groups: list[ChannelGroup | tuple[ChannelGroup, ...]]) -> None:
+    """Permute every member of every group (or tuple of tied groups) in place by its ``importance_order``.
 
     Orders are computed first (a channel's L1 norm does not depend on the order of the other
     axes), then each tensor is gathered once with all its permutations, so a convolution that
@@ -74,13 +83,13 @@ def reorder_channels(gm: fx.GraphModule, groups: list[ChannelGroup]) -> None:
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     plans: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}
-    for group in groups:
-        perm = importance_order(gm, group)
-        if torch.equal(perm, torch.arange(group.size)):
-            continue
-        for m in group.members:
-            for t, axis in _member_tensors(gm, nodes, m):
-                plans.setdefault(id(t), (t, {}))[1][axis] = perm
+    for entry in groups:
+        for group, perm in zip(entry if isinstance(entry, tuple) else (entry,), importance_order(gm, entry)):
+            if torch.equal(perm, torch.arange(group.size)):
+                continue
+            for m in group.members:
+                for t, axis in _member_tensors(gm, nodes, m):
+                    plans.setdefault(id(t), (t, {}))[1][axis] = perm
     with torch.no_grad():
         for t, perms in plans.values():
             index = [slice(None)] * t.dim()

@@ -181,3 +181,25 @@ def _module_name(gm: fx.GraphModule, node: fx.Node, refs: list[fx.Node]) -> str:
     name = f"lifted_{node.name}"
     return name
 
+
+def loosen_reshapes(gm: fx.GraphModule) -> int:
+    """Write ``-1`` for the one literal size of a reshape whose other sizes are computed at run
+    time (torchvision's ViT: ``x.reshape(n, 768, h * w)``), in place: the same reshape, now also
+    right for a narrower tensor. Returns how many."""
+    from autotailor.ir.ops.elementwise import reshape_sizes
+
+    count = 0
+    for node in gm.graph.nodes:
+        if not (node.op == "call_method" and node.target in ("reshape", "view")):
+            continue
+        sizes = reshape_sizes(node)
+        literal = [i for i, v in enumerate(sizes) if isinstance(v, int)]
+        if len(literal) != 1 or sizes[literal[0]] == -1 or len(sizes) < 2 or node.kwargs:
+            continue
+        loose = list(sizes)
+        loose[literal[0]] = -1
+        node.args = (node.args[0], *loose)
+        count += 1
+    if count:
+        gm.recompile()
+    return count

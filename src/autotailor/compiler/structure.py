@@ -109,7 +109,8 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
         nodes = inner + [join]
         target = math_target(gm, join)
         if target in ADD_TARGETS:
-            identity = any(_through_identities(gm, a) is entry for a in join.all_input_nodes)
+            source = _through_identities(gm, entry)  # the entry may itself pass a tensor on (timm's norm_pre)
+            identity = any(_through_identities(gm, a) in (entry, source) for a in join.all_input_nodes)
             elements.append(("residual", entry, nodes, identity))
         elif target in MUL_TARGETS:
             elements.append(("gate", entry, nodes, False))

@@ -37,7 +37,7 @@ class Variable:
     """One modification variable. ``choices`` ascend; the last is the largest architecture.
 
     ``values`` are what each choice sets on the operators that read the variable (channel
-    counts of a width ratio), when they differ from the choices. ``block`` is the droppable
+    counts of a width ratio, blocks a depth choice drops), when they differ from the choices. ``block`` is the droppable
     block the variable lives in, if it lives in one: when that block is dropped the variable
     stops mattering, which ``Space.size`` accounts for; ``stage`` the stage a depth variable
     shortens. ``targets`` say what it acts on (channel-group or operator names), for people.
@@ -62,13 +62,14 @@ class Variable:
 
 @dataclass(frozen=True)
 class Binding:
-    """Operator field ``field`` of graph node ``node`` reads variable ``var``. A ``get_attr``
-    node (a parameter used elementwise) becomes a ``DynParam`` sliced along ``axis``."""
+    """Operator field ``field`` of graph node ``node`` reads variable ``var`` (times ``unit``). A
+    ``get_attr`` node (a parameter used elementwise) becomes a ``DynParam`` sliced along ``axis``."""
 
     node: str
     field: str
     var: str
     axis: int = 0
+    unit: int = 1  # the field is the variable's value times this (channels per head)
 
 
 @dataclass
@@ -96,6 +97,10 @@ class PlanContext:
         k = self._counters.get(base, 0)
         self._counters[base] = k + 1
         return base if k == 0 else f"{base}#{k}"
+
+    def claimed(self, group) -> bool:
+        """Whether a variable planned before already slices ``group``."""
+        return any(group is g or (isinstance(g, tuple) and any(group is x for x in g)) for g in self.reorder)
 
     def droppable_block(self, b: int) -> int | None:
         """``b`` if a depth variable can drop it, else None."""
@@ -144,10 +149,21 @@ class VariableKind:
 _KINDS: dict[str, VariableKind] = {}
 
 
-def register_kind(cls: type[VariableKind]) -> type[VariableKind]:
-    """Register one instance of ``cls``; kinds plan in registration order."""
-    _KINDS[cls.name] = cls()
-    return cls
+def register_kind(cls: type[VariableKind] | None = None, *, before: str | None = None):
+    """Register one instance of ``cls``; kinds plan in registration order, a kind registered
+    ``before`` another ahead of it (to claim channel groups that the other would take)."""
+
+    def deco(cls: type[VariableKind]) -> type[VariableKind]:
+        if before is not None and before not in _KINDS:
+            raise ConfigError(f"kind {cls.name!r}: before={before!r} is not a kind; kinds are {list(_KINDS)}")
+        items = list(_KINDS.items())
+        at = [k for k, _ in items].index(before) if before is not None else len(items)
+        items.insert(at, (cls.name, cls()))
+        _KINDS.clear()
+        _KINDS.update(items)
+        return cls
+
+    return deco(cls) if cls is not None else deco
 
 
 def kinds() -> list[VariableKind]:
@@ -228,7 +244,9 @@ class Resolution(VariableKind):
 
 @register_kind
 class Depth(VariableKind):
-    """How many trailing droppable blocks of a stage are left out (0, -1, -2, ...)."""
+    """How many trailing layers of a stage are left out (0, -1, -2, ...). A layer is one
+    droppable block, or the repeating run of blocks of a transformer (attention and MLP);
+    ``Variable.value`` is how many blocks a choice drops."""
 
     name = "depth"
     settings = {"stage_vars": "reduce_depth"}
@@ -243,11 +261,23 @@ class Depth(VariableKind):
     def plan(self, ctx: PlanContext) -> None:
         wanted = ctx.config.choices("stage_vars", "reduce_depth")
         for s, members in enumerate(ctx.structure.stages):
-            n = len(members) - 1
+            per = layer_period([ctx.structure.blocks[b].template for b in members[1:]])
+            n = (len(members) - 1) // per
             choices = tuple(sorted({max(d, -n) for d in wanted} | {0})) if n else (0,)
             if len(choices) > 1:
                 ctx.depth_stages.add(s)
-                ctx.variables.append(Variable(f"stage{s}.reduce_depth", "depth", choices, (f"stage{s}",), stage=s))
+                ctx.variables.append(Variable(f"stage{s}.reduce_depth", "depth", choices, (f"stage{s}",), stage=s,
+                                              values=tuple(d * per for d in choices) if per > 1 else ()))
+
+
+def layer_period(templates: list[str]) -> int:
+    """How many consecutive blocks make one layer of a stage: the shortest period of its blocks'
+    templates (a transformer layer is an attention block and an MLP block, dropped together)."""
+    n = len(templates)
+    p = next((p for p in range(1, n + 1) if n % p == 0 and all(t == templates[i % p] for i, t in enumerate(templates))),
+             1)
+    # No repeating run (p == n) makes one layer only of distinct blocks; otherwise blocks are layers.
+    return p if p < n or len(set(templates)) == n else 1
 
 
 def _channels(ratio: float, size: int, granularity: int) -> int:
@@ -283,11 +313,9 @@ class Width(VariableKind):
         return numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
 
     def plan(self, ctx: PlanContext) -> None:
-        from autotailor.ir import for_module
-
         st, cfg = ctx.structure, ctx.config
         for group in ctx.groups:
-            if not group.variable:
+            if not group.variable or ctx.claimed(group):
                 continue
             all_blocks = ctx.blocks_of([m.node for m in group.members])
             own_stages = {st.blocks[b].stage for b in ctx.blocks_of([m.node for m in group.members if m.role != "in"])}
@@ -301,27 +329,34 @@ class Width(VariableKind):
                 ratios, name, block = cfg.choices("stage_vars", "width_ratio"), f"stage{s}.width_ratio", None
             else:
                 ratios, name, block = cfg.choices("global_vars", "width_ratio"), "width_ratio", None
-            choices, chans = width_choices(tuple(ratios), group.size, group.granularity)
-            if len(choices) < 2:
-                continue
-            name = ctx.name_for(name)
-            ctx.reorder.append(group)
-            ctx.variables.append(Variable(name, "width", choices, (f"g{len(ctx.reorder) - 1}",), block=block,
-                                          values=chans))
-            for m in group.members:
-                node = ctx.nodes[m.node]
-                if m.role == "param":
-                    ctx.bindings.append(Binding(m.node, "size", name, m.axis))
-                    continue
-                dyn = for_module(ctx.gm.get_submodule(node.target)).dynamic
-                if dyn is None:
-                    raise GraphError(f"{m.node}: {type(ctx.gm.get_submodule(node.target)).__name__} has a channel "
-                                     "rule but no dynamic operator")
-                in_field, out_field = dyn.group_fields
-                if m.role in ("in", "inout"):
-                    ctx.bindings.append(Binding(m.node, in_field, name))
-                if m.role in ("out", "inout"):
-                    ctx.bindings.append(Binding(m.node, out_field, name))
+            bind_width(ctx, group, self.name, name, tuple(ratios), block)
+
+
+def bind_width(ctx: PlanContext, group, kind: str, name: str, ratios: tuple[float, ...], block: int | None) -> None:
+    """A variable of ``kind`` choosing ``group``'s channels by ``ratios`` (if they give two counts or
+    more), the group queued for importance reordering and every member bound to it."""
+    from autotailor.ir import for_module
+
+    choices, chans = width_choices(tuple(ratios), group.size, group.granularity)
+    if len(choices) < 2:
+        return
+    name = ctx.name_for(name)
+    ctx.reorder.append(group)
+    ctx.variables.append(Variable(name, kind, choices, (f"g{len(ctx.reorder) - 1}",), block=block, values=chans))
+    for m in group.members:
+        node = ctx.nodes[m.node]
+        if m.role == "param":
+            ctx.bindings.append(Binding(m.node, "size", name, m.axis))
+            continue
+        dyn = for_module(ctx.gm.get_submodule(node.target)).dynamic
+        if dyn is None:
+            raise GraphError(f"{m.node}: {type(ctx.gm.get_submodule(node.target)).__name__} has a channel "
+                             "rule but no dynamic operator")
+        in_field, out_field = dyn.group_fields
+        if m.role in ("in", "inout"):
+            ctx.bindings.append(Binding(m.node, in_field, name))
+        if m.role in ("out", "inout"):
+            ctx.bindings.append(Binding(m.node, out_field, name))
 
 
 def croppable_depthwise(conv: object) -> bool:
@@ -367,3 +402,5 @@ class Kernel(VariableKind):
                                               block=ctx.droppable_block(b.index)))
                 ctx.bindings.append(Binding(node.name, "kernel_size", name))
 
+
+from autotailor.compiler import kinds as _more_kinds  # noqa: E402,F401  (registers the kinds in compiler/kinds/)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -23,11 +24,50 @@ def trace(model: torch.nn.Module) -> fx.GraphModule:
     was_training = model.training
     model.eval()
     try:
-        return fx.symbolic_trace(model)
+        return without_fixed_inputs(fx.symbolic_trace(model, concrete_args=_defaults(model)))
     except Exception as exc:  # torch.fx raises many types (TraceError, TypeError, ...)
         raise TraceError(_explain(model, exc)) from exc
     finally:
         model.train(was_training)
+
+
+def _defaults(model: torch.nn.Module) -> dict[str, object] | None:
+    """Every argument of ``forward`` after the image that has a default, fixed to it.
+
+    Left symbolic, an optional argument (timm's ``attn_mask=None, is_causal=False``) becomes a
+    graph input that every block reads: blocks could not be dropped, and exports would pass a
+    tensor where the model expects a bool.
+    """
+    params = list(inspect.signature(model.forward).parameters.values())[1:]
+    fixed = {p.name: p.default for p in params
+             if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD}
+    return fixed or None
+
+
+_GUARDS = {"_assert", "_assert_is_none", "eq"}
+
+
+def without_fixed_inputs(gm: fx.GraphModule) -> fx.GraphModule:
+    """The graph with one input: torch.fx keeps a fixed argument as an input that only guards
+    (``torch._assert(arg == value)``, ``_assert_is_none(arg)``) read; exporters cannot pass it,
+    so it goes with its guards."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes)[1:]:
+        if node.op != "placeholder":
+            continue
+        reach, stack = set(), [node]
+        while stack:
+            for u in stack.pop().users:
+                if u not in reach:
+                    reach.add(u)
+                    stack.append(u)
+        if all(u.op == "call_function" and getattr(u.target, "__name__", "") in _GUARDS for u in reach):
+            for n in sorted(reach, key=order.__getitem__, reverse=True):
+                gm.graph.erase_node(n)
+            gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
 
 
 def _explain(model: torch.nn.Module, exc: Exception) -> str:

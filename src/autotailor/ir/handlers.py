@@ -101,6 +101,22 @@ def register(*keys: object) -> Callable[[type[OpHandler]], type[OpHandler]]:
     return deco
 
 
+Rewrite = Callable[[fx.GraphModule, torch.Tensor], int]
+_REWRITES: list[Rewrite] = []
+
+
+def register_rewrite(fn: Rewrite) -> Rewrite:
+    """Register a graph rewrite that turns a subgraph into one operator (multi-head attention):
+    ``fn(gm, example)`` changes ``gm`` in place, keeps its output on ``example`` and returns how
+    many it rewrote. The compiler runs every rewrite after parsing operators."""
+    _REWRITES.append(fn)
+    return fn
+
+
+def rewrites() -> list[Rewrite]:
+    return list(_REWRITES)
+
+
 def registered() -> list[OpHandler]:
     """Every registered handler, once each."""
     seen: dict[int, OpHandler] = {}

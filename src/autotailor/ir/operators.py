@@ -30,6 +30,8 @@ class Operator(nn.Module):
     # Feature field -> the variable that sets it (``in_channels`` -> ``stage2.width_ratio``),
     # set by the compiler; the variable's kind says what each choice sets (``Variable.value``).
     reads: dict[str, str]
+    # Feature field -> how many units it has per unit of its variable (channels per head).
+    units: dict[str, int]
     # The feature fields that the input and the output channels set (width variables bind them).
     group_fields: ClassVar[tuple[str, str]]
 
@@ -42,7 +44,7 @@ class Operator(nn.Module):
         op.__dict__["_parameters"] = dict(module._parameters)
         op.__dict__["_buffers"] = dict(module._buffers)
         op.__dict__["_modules"] = dict(module._modules)
-        op.reads = {}
+        op.reads, op.units = {}, {}
         op.feature = Feature.of(op._meta_spec())
         return op
 
@@ -79,7 +81,7 @@ class DynParam(Operator):
         else:
             self.register_buffer("value", value)
         self.axis = axis
-        self.reads = {}
+        self.reads, self.units = {}, {}
         self.feature = Feature.of(ParamSpec(value.shape[axis]))
 
     def forward(self) -> torch.Tensor:

@@ -22,13 +22,13 @@ from autotailor.compiler.channels import analyse_channels
 from autotailor.compiler.config import TailorConfig, load_config
 from autotailor.compiler.graph_utils import propagate_shapes
 from autotailor.compiler.importance import reorder_channels
-from autotailor.compiler.normalize import lift_functional_layers
+from autotailor.compiler.normalize import lift_functional_layers, loosen_reshapes
 from autotailor.compiler.structure import BlockInfo, Structure, parse_structure
 from autotailor.compiler.templates import match
 from autotailor.compiler.variables import Binding, PlanContext, Variable, kinds
 from autotailor.errors import GraphError, ModelLoadError
 from autotailor.frontends import import_onnx, load_model, trace
-from autotailor.ir import Block, DynParam, Operator
+from autotailor.ir import Block, DynParam, Operator, handlers
 from autotailor.ir import lift as lift_operator
 from autotailor.ir.graph import get_attr, node_shape, set_attr
 from autotailor.supernet.space import Space, StageInfo
@@ -58,7 +58,10 @@ def compile(  # noqa: A001 - the public name the API promises
     example = _example(gm, example_input, source)
     gm.graph.eliminate_dead_code()  # e.g. unused attention weights returned by a MultiheadAttention
     lift_functional_layers(gm)
+    loosen_reshapes(gm)
     propagate_shapes(gm, example)
+    if sum(rewrite(gm, example) for rewrite in handlers.rewrites()):
+        propagate_shapes(gm, example)
     _check_classifier(gm)
     groups = analyse_channels(gm)
     structure = parse_structure(gm)
@@ -196,6 +199,8 @@ def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
             raise GraphError(f"{b.node}.{b.field} is read by two variables, {op.reads[b.field]} and {b.var}; "
                              "switch one of them off in the config (a single choice)")
         op.reads[b.field] = b.var
+        if b.unit != 1:
+            op.units[b.field] = b.unit
     gm.graph.lint()
 
 

@@ -72,7 +72,7 @@ class Space:
             blocks = self.stages[s].droppable
             stage_total = 0
             for d in var.choices:
-                stage_total += math.prod(local.get(b, 1) for b in blocks[: len(blocks) + d])
+                stage_total += math.prod(local.get(b, 1) for b in blocks[: len(blocks) + var.value(d)])
             total *= stage_total
         return total
 
@@ -120,10 +120,11 @@ class Space:
         return tuple(arch[v.name] for v in self.variables)
 
     def dropped_blocks(self, arch: Arch) -> set[int]:
-        """The droppable blocks ``arch`` leaves out (a stage's depth choice -d drops its last d)."""
+        """The droppable blocks ``arch`` leaves out (a stage's depth choice -d drops its last d
+        layers: ``Variable.value`` blocks)."""
         out: set[int] = set()
         for v in self.variables:
-            d = arch.get(v.name, 0) if kind(v.kind).drops_blocks else 0
+            d = v.value(arch.get(v.name, 0)) if kind(v.kind).drops_blocks else 0
             if d:
                 droppable = self.stages[v.stage].droppable
                 out.update(droppable[len(droppable) + d:])

@@ -22,7 +22,7 @@ from autotailor.ir.shapes import deduce_shapes
 from autotailor.ir.walk import GraphWalker
 from autotailor.supernet.space import Arch, Space
 
-_FORMAT = "autotailor-supernet/2"  # 2: operator handlers (ir/ops), variable kinds
+_FORMAT = "autotailor-supernet/3"  # 2: operator handlers (ir/ops), variable kinds; 3: heads (Operator.units)
 
 class SuperNet(nn.Module):
     """A compiled model whose SubNets share its weights.
@@ -66,7 +66,7 @@ class SuperNet(nn.Module):
         for _, op in self.operators():
             op.feature.reset()
             if op.reads:
-                op.transform(**{f: self.space[v].value(arch[v]) for f, v in op.reads.items()})
+                op.transform(**{f: self.space[v].value(arch[v]) * op.units.get(f, 1) for f, v in op.reads.items()})
         dropped = self.space.dropped_blocks(arch)
         for block in self.blocks():
             block.transform(enabled=block.index not in dropped)

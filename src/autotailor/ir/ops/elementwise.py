@@ -3,6 +3,7 @@ reductions. None of them is sliced: they pass channel groups on (or fix them).""
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -161,6 +162,121 @@ class Permute(Elementwise):
         nd = len(node_shape(node.args[0]))
         dims = [d % nd for d in dims]
         return Track(dims.index(t.axis), t.gid)
+
+
+@register(torch.transpose, "transpose")
+class Transpose(Elementwise):
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        bound = bind(node, ("input", "dim0", "dim1"))
+        nd = len(node_shape(node.args[0]))
+        d0, d1 = bound["dim0"] % nd, bound["dim1"] % nd
+        return Track({d0: d1, d1: d0}.get(t.axis, t.axis), t.gid)
+
+
+@register(torch.reshape, "reshape", "view")
+class Reshape(Elementwise):
+    """A reshape that merges or splits axes other than the channels keeps them as one axis."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        before, after = node_shape(node.args[0]), node_shape(node)
+        sizes = reshape_sizes(node)
+        lead = math.prod(before[: t.axis])
+        for j in range(len(after)):
+            if math.prod(after[:j]) == lead and after[j] == before[t.axis]:
+                if len(sizes) == len(after) and isinstance(sizes[j], int) and sizes[j] != -1:
+                    break  # the channel count is written into the graph
+                return Track(j, t.gid)
+        a.fix(t.gid, f"{node.name} reshapes the channels together with other axes")
+        return None
+
+
+def reshape_sizes(node: fx.Node) -> tuple:
+    """The sizes a ``reshape``/``view`` call asks for (ints, or nodes computed at run time)."""
+    sizes = node.args[1:] if node.target != torch.reshape else node.args[1:2]
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = sizes[0]
+    return tuple(sizes or node.kwargs.get("shape", ()))
+
+
+@register("expand")
+class Expand(Elementwise):
+    """Broadcasting a tensor to a larger batch (a class token to every image): channels stay."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is not None and len(node_shape(node)) != len(node_shape(node.args[0])):
+            a.fix(t.gid, f"{node.name} expands the tensor to more axes")
+            return None
+        return t
+
+
+@register(torch.cat, torch.concat, torch.concatenate)
+class Concat(Elementwise):
+    """Concatenation along an axis other than the channels (tokens: a class token and the patches)
+    couples the operands' channels; a parameter among them (through ``expand``) is sliced with
+    them. Concatenating channels fixes them: which of them a slice keeps is not one prefix."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        bound = bind(node, ("tensors", "dim"))
+        parts, out = list(bound["tensors"]), node_shape(node)
+        dim = bound.get("dim", 0) % len(out)
+        tracked = [a.track(x) for x in parts]
+        if not any(tracked):
+            return None
+        axis = next(t.axis for t in tracked if t is not None)
+        if axis == dim or any(t is not None and t.axis != axis for t in tracked):
+            a.fix_inputs(node, f"{node.name} concatenates along the channels")
+            return None
+        gid = None
+        for x, t in zip(parts, tracked):
+            if t is not None:
+                gid = t.gid if gid is None else a.union(gid, t.gid, node.name)
+        for x, t in zip(parts, tracked):
+            if t is not None:
+                continue
+            param = x.args[0] if isinstance(x, fx.Node) and x.op == "call_method" and x.target == "expand" else x
+            if isinstance(param, fx.Node) and param.op == "get_attr" and len(node_shape(param)) == len(out):
+                gid = a.add_param_member(gid, param, axis, param if param is x else x)
+            else:
+                a.fix(gid, f"{node.name} concatenates the channels with {getattr(x, 'name', x)}, which the "
+                           "compiler does not track")
+        return Track(axis, a.find(gid))
+
+
+@register(operator.getitem)
+class GetItem(Elementwise):
+    """Indexing a tensor (``x[:, 0]``, the class token) keeps all its channels or fixes them."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        nd = len(node_shape(node.args[0]))
+        if Ellipsis in index:
+            i = index.index(Ellipsis)
+            index = index[:i] + (slice(None),) * (nd - len(index) + 1 + index.count(None)) + index[i + 1:]
+        axis_in, axis_out = 0, 0
+        for item in index:
+            if item is None:
+                axis_out += 1
+                continue
+            if axis_in == t.axis:
+                if item == slice(None):
+                    return Track(axis_out, t.gid)
+                break
+            axis_in += 1
+            axis_out += 0 if isinstance(item, int) else 1
+        else:
+            return Track(axis_out + t.axis - axis_in, t.gid)
+        a.fix(t.gid, f"{node.name} indexes into the channels")
+        return None
 
 
 def reduced(a, node: fx.Node, t: Track, dims: list[int], keep: bool) -> Track | None:

@@ -1,0 +1,158 @@
+"""Vision transformers compiled: modifications, space size, variable kinds, equivalence, ONNX.
+
+Reproduce (from the repository root, after `make install`; about 10 min on 2 cores)::
+
+    .venv/bin/python benchmarks/transformers.py
+    .venv/bin/python benchmarks/transformers.py --models timm:deit_tiny_patch16_224
+
+For each model (random weights made well-conditioned by ``autotailor.testing``), at 224x224,
+batch 1, with the default space (no config):
+
+* compile time (one compile, from the user's module);
+* modifications, log10 of the exact number of distinct SubNets, and the variables per kind
+  (``heads``, ``embedding``, ``width``: the MLP's hidden width and other widths, ``depth``,
+  ``resolution``);
+* the largest SubNet against the model: max |SuperNet(max) - model| / max |model|;
+* one random SubNet: the extracted module against the SuperNet (max abs difference), then
+  exported with ``autotailor.deploy.export_onnx`` and run in ONNX Runtime (relative difference);
+* what the compiler said about resolutions it dropped (why the model does not run at them).
+
+Results: ``benchmarks/results/transformers.{json,md}``, written after every model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import autotailor as at  # noqa: E402
+from autotailor.deploy import export_onnx  # noqa: E402
+from autotailor.frontends import load_model  # noqa: E402
+from autotailor.testing import rel_err, well_conditioned  # noqa: E402
+from common import State, machine, write_results  # noqa: E402
+
+MODELS = ("torchvision:vit_b_16", "torchvision:vit_b_32", "torchvision:swin_t", "torchvision:swin_v2_t",
+          "torchvision:maxvit_t", "timm:vit_tiny_patch16_224", "timm:deit_tiny_patch16_224",
+          "timm:swin_tiny_patch4_window7_224", "timm:levit_128s", "timm:levit_384", "timm:efficientvit_b0",
+          "timm:mobilevitv2_050")
+KINDS = ("heads", "embedding", "width", "depth", "resolution")
+
+
+class _Said(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def measure(spec: str) -> dict:
+    torch.manual_seed(0)
+    model = well_conditioned(load_model(spec)).eval()
+    x = torch.randn(1, 3, 224, 224)
+    said = _Said()
+    logging.getLogger("autotailor").addHandler(said)
+    try:
+        started = time.perf_counter()
+        sn = at.compile(model, x)
+        seconds = time.perf_counter() - started
+    finally:
+        logging.getLogger("autotailor").removeHandler(said)
+    sn.eval()
+    space = sn.space
+    kinds = Counter(v.kind for v in space.variables)
+    row = {"model": spec, "seconds": seconds, "modifications": space.num_modifications,
+           "log10_size": space.log10_size, "kinds": {k: kinds.get(k, 0) for k in KINDS},
+           "said": [s for s in said.lines if "dropped" in s]}
+    with torch.no_grad():
+        row["max_arch_rel_err"] = rel_err(sn(x), model(x))
+        arch = space.sample(0)
+        sn.set_arch(arch)
+        shape = sn.input_shape(arch)
+        xs = torch.randn(shape)
+        ref = sn(xs)
+        net = sn.extract(arch).eval()
+        row["extract_max_abs_diff"] = float((net(xs) - ref).abs().max())
+    try:
+        import onnxruntime as ort
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = export_onnx(net, Path(tmp) / "subnet.onnx", tuple(shape))
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            (y,) = session.run(None, {"input": xs.numpy()})
+        row["onnx_rel_err"] = rel_err(torch.from_numpy(np.asarray(y)), ref)
+    except Exception as exc:  # a model the exporter cannot take is a result, not a crash
+        row["onnx_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return row
+
+
+def report(state: State, command: str) -> None:
+    m = machine("torch", "torchvision", "timm", "onnxruntime")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    lines = ["# Vision transformers compiled (default space, 224 px)", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchvision {m['torchvision']}, "
+             f"timm {m['timm']}, onnxruntime {m['onnxruntime']}; commit {commit}. Command: `{command}`.", "",
+             "| model | modifications | log10 SubNets | heads | embedding | width | depth | resolution | "
+             "compile (s) | max arch rel. err | extracted vs SuperNet | ONNX Runtime rel. err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for spec in MODELS:
+        r = state.get(spec)
+        if r is None:
+            continue
+        if "error" in r:
+            lines.append(f"| {spec} | fails: {r['error']} |" + " |" * 10)
+            continue
+        k = r["kinds"]
+        onnx = f"{r['onnx_rel_err']:.1e}" if "onnx_rel_err" in r else f"fails: {r['onnx_error']}"
+        lines.append(f"| {spec} | {r['modifications']} | {r['log10_size']:.1f} | "
+                     + " | ".join(str(k[x]) for x in KINDS)
+                     + f" | {r['seconds']:.2f} | {r['max_arch_rel_err']:.1e} | {r['extract_max_abs_diff']:.1e} | "
+                       f"{onnx} |")
+    said = [(spec, s) for spec in MODELS for s in (state.get(spec, "said") or [])]
+    if said:
+        lines += ["", "What the compiler said about resolutions:", ""]
+        lines += [f"- {spec}: {s[:300]}" for spec, s in said]
+    write_results(HERE / "results", "transformers", {"machine": m, "commit": commit, "command": command,
+                                                      "rows": state.data}, "\n".join(lines) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--work", default=str(HERE / "work" / "transformers"))
+    p.add_argument("--again", action="store_true", help="measure models already in the state again")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    state = State(work / "state.json")
+    command = "python benchmarks/transformers.py" + (f" --models {args.models}" if args.models != ",".join(MODELS)
+                                                     else "")
+    for spec in args.models.split(","):
+        if state.get(spec) is not None and not args.again:
+            continue
+        try:
+            row = measure(spec)
+        except Exception as exc:
+            row = {"model": spec, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        state.put(row, spec)
+        print(spec, row.get("modifications", row.get("error")), flush=True)
+        report(state, command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The ``embedding`` kind: the width of a transformer's residual stream.
+
+The channel group that runs through a transformer's attention blocks (patch embedding, class
+and position tokens, every norm and residual add, the q/k/v projections' inputs, the output
+and MLP projections' outputs, the head's input) gets ``embed_ratio`` instead of a width: one
+variable for the network (``var.global_vars.embed_ratio``) or, for a hierarchical model whose
+stages have their own streams, one per stage (``var.stage_vars.embed_ratio``). It plans
+before ``width``, which would otherwise take the same group as a plain width.
+"""
+
+from __future__ import annotations
+
+from autotailor.compiler.variables import PlanContext, VariableKind, bind_width, numbers, register_kind
+from autotailor.ir.handlers import for_module
+
+
+@register_kind(before="width")
+class Embedding(VariableKind):
+    name = "embedding"
+    settings = {"global_vars": "embed_ratio", "stage_vars": "embed_ratio"}
+    probe_shapes = True
+
+    def default(self, scope: str) -> tuple:
+        return (0.5, 0.75, 1.0)
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        return numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
+
+    def plan(self, ctx: PlanContext) -> None:
+        attention = {b.index for b in ctx.structure.blocks if b.template == "AttentionBlock"}
+        for group in ctx.groups:
+            if not group.variable or ctx.claimed(group):
+                continue
+            readers = [m for m in group.members if m.role == "in" and ctx.nodes[m.node].op == "call_module"
+                       and for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).role == "linear"]
+            if not ctx.blocks_of([m.node for m in readers]) & attention:
+                continue
+            own = {ctx.structure.blocks[b].stage
+                   for b in ctx.blocks_of([m.node for m in group.members if m.role != "in"])}
+            scope, name = ("stage_vars", f"stage{own.pop()}.embed_ratio") if len(own) == 1 else \
+                ("global_vars", "embed_ratio")
+            bind_width(ctx, group, self.name, name, ctx.config.choices(scope, "embed_ratio"), None)

@@ -1,0 +1,61 @@
+"""The ``heads`` kind: how many heads of a multi-head attention are kept.
+
+Each ``HeadAttention`` operator (``ir/ops/attention.py``) whose projections feed only it and
+whose output feeds only linear layers gets one variable, ``blockN.num_heads``, choosing a head
+count (``var.block_vars.TEMPLATE.heads_ratio`` gives the counts as ratios of the model's). It
+slices whole heads: the rows of the q/k/v projections, the columns of the output projection
+and the operator's head count, after the heads were reordered by importance (one order for
+all of them), so the first ``h`` heads are the best ``h``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch.nn as nn
+
+from autotailor.compiler.variables import Binding, PlanContext, Variable, VariableKind, numbers, register_kind
+from autotailor.ir.ops.attention import HeadAttention
+
+log = logging.getLogger(__name__)
+
+
+@register_kind
+class Heads(VariableKind):
+    name = "heads"
+    settings = {"block_vars": "heads_ratio"}
+    probe_shapes = True
+
+    def default(self, scope: str) -> tuple:
+        return (0.5, 0.75, 1.0)
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        return numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
+
+    def plan(self, ctx: PlanContext) -> None:
+        for node in ctx.gm.graph.nodes:
+            core = ctx.gm.get_submodule(node.target) if node.op == "call_module" else None
+            if not isinstance(core, HeadAttention):
+                continue
+            groups = tuple(g for g in ctx.groups if g.split_by == node.name)
+            members = [(g, m) for g in groups for m in g.members if m.node != node.name]
+            why = next((g.fixed for g in groups if g.fixed), None) or next(
+                (f"{m.node} is not a linear layer" for _, m in members
+                 if not isinstance(ctx.gm.get_submodule(ctx.nodes[m.node].target), nn.Linear)), None)
+            if why is not None:
+                log.info("%s keeps its %d heads: %s", node.name, core.num_heads, why)
+                continue
+            (b,) = ctx.blocks_of([node.name]) or (None,)
+            template = ctx.structure.blocks[b].template if b is not None else ""
+            ratios = ctx.config.block_choices(template, "heads_ratio") if template else (1.0,)
+            counts = tuple(sorted({max(1, round(r * core.num_heads)) for r in ratios} | {core.num_heads}))
+            if len(counts) < 2:
+                continue
+            name = ctx.name_for(f"block{b}.num_heads")
+            ctx.variables.append(Variable(name, self.name, counts, (node.name,),
+                                          block=ctx.droppable_block(b) if b is not None else None))
+            ctx.reorder.append(groups)
+            ctx.bindings.append(Binding(node.name, "num_heads", name))
+            for g, m in members:
+                field = "in_features" if m.role == "in" else "out_features"
+                ctx.bindings.append(Binding(m.node, field, name, unit=g.granularity))

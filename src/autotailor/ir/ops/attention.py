@@ -1,0 +1,352 @@
+"""Multi-head attention: what lies between the q/k/v projections and the output projection,
+found by topology and made one operator whose heads can be dropped.
+
+Models write attention in many ways: timm splits a fused qkv projection with
+``reshape``/``permute``/``unbind`` and calls ``scaled_dot_product_attention``, torchvision
+calls ``nn.MultiheadAttention``. ``recognise_attention`` finds each of them by what it computes
+(projections whose outputs are split into heads, attention over them, heads merged again)
+and replaces it by ``HeadAttention`` reading the projections' outputs, so that every later
+pass sees one operator. A fused qkv projection's rows are reordered head-major
+(``[head][q, k, v][dim]``), so the first ``h`` heads are its first ``3 * h * dim`` rows: a
+leading slice, like every other width. The rewrite is checked on the example input and
+undone if the model's output changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from autotailor.frontends import without_fixed_inputs
+from autotailor.ir.graph import node_shape, set_attr
+from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
+from autotailor.ir.operators import Operator
+
+log = logging.getLogger(__name__)
+
+
+class HeadAttention(nn.Module):
+    """Scaled dot-product attention from projected tokens to merged heads.
+
+    ``fused``: one input of shape (B, N, heads * 3 * head_dim), head-major; otherwise q
+    (B, N, heads * head_dim), k (B, M, heads * head_dim) and v (B, M, heads * v_dim). Returns
+    (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, v_dim: int, scale: float | None, fused: bool,
+                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.v_dim, self.scale, self.fused = num_heads, head_dim, v_dim, scale, fused
+        self.q_norm = q_norm if q_norm is not None else nn.Identity()
+        self.k_norm = k_norm if k_norm is not None else nn.Identity()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
+        return self._attend(q, k, v, self.num_heads)
+
+    def _attend(self, q, k, v, h: int) -> torch.Tensor:
+        b, n = q.shape[0], q.shape[1]
+        if self.fused:
+            q, k, v = q.reshape(b, n, h, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
+        else:
+            q = q.reshape(b, n, h, self.head_dim).transpose(1, 2)
+            k = k.reshape(b, k.shape[1], h, self.head_dim).transpose(1, 2)
+            v = v.reshape(b, v.shape[1], h, self.v_dim).transpose(1, 2)
+        x = F.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v, scale=self.scale)
+        return x.transpose(1, 2).reshape(b, n, h * self.v_dim)
+
+
+@dataclass(frozen=True)
+class HeadsSpec:
+    num_heads: int
+
+
+class DynHeadAttention(Operator, HeadAttention):
+    """``HeadAttention`` over its first ``num_heads`` heads (its inputs arrive sliced)."""
+
+    group_fields = ("num_heads", "num_heads")  # heads are bound by the heads variable, never by width
+
+    def _meta_spec(self) -> HeadsSpec:
+        return HeadsSpec(self.num_heads)
+
+    def forward(self, q, k=None, v=None) -> torch.Tensor:
+        return self._attend(q, k, v, self.feature.active.num_heads)
+
+    def infer(self, shape: Shape) -> Shape:
+        return (*shape[:-1], self.feature.active.num_heads * self.v_dim)
+
+    def build(self) -> fx.GraphModule:
+        # Traced, so that the SubNet holds torch code only and loads without AutoTailor.
+        core = HeadAttention(self.feature.active.num_heads, self.head_dim, self.v_dim, self.scale, self.fused,
+                             copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
+        return without_fixed_inputs(fx.symbolic_trace(core, concrete_args={"k": None, "v": None} if self.fused else None))
+
+
+@register(HeadAttention)
+class HeadAttentionHandler(OpHandler):
+    """Its inputs and output are split into heads: the heads variable slices them, a width never."""
+
+    dynamic = DynHeadAttention
+    role = "attention"
+    same_shape = False
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        core = a.module(node)
+        inputs = [x for x in node.args if isinstance(x, fx.Node)]
+        per_head = [3 * core.head_dim] if core.fused else [core.head_dim, core.head_dim, core.v_dim]
+        for x, size in zip(inputs, per_head):
+            t = a.track(x)
+            if t is None:
+                continue
+            if t.axis != len(node_shape(x)) - 1:
+                a.fix(t.gid, f"{node.name} reads heads from an axis other than the channels")
+                continue
+            a.add_member(t.gid, Member(node.name, "in"))
+            a.split(t.gid, node.name, size)
+        out = a.new_group(core.num_heads * core.v_dim)
+        a.add_member(out, Member(node.name, "out"))
+        a.split(out, node.name, core.v_dim)
+        return Track(len(node_shape(node)) - 1, out)
+
+    def importance(self, module: nn.Module, role: str) -> list[tuple[torch.Tensor, int]]:
+        return []  # its heads are ranked by the projections around it
+
+    def structure(self, module: nn.Module) -> str:
+        return "other"
+
+    def kind(self, module: nn.Module | None, target: object = None) -> str:
+        return "attention"
+
+    def describe(self, module: HeadAttention) -> str:
+        norms = "".join(type(m).__name__[0] for m in (module.q_norm, module.k_norm))
+        return f"d{module.head_dim}v{module.v_dim}{'f' if module.fused else 's'}{norms}s{module.scale}"
+
+    def facts(self, module: HeadAttention) -> dict[str, Any]:
+        return {"head_dim": module.head_dim, "v_dim": module.v_dim, "fused": module.fused,
+                "params": sum(p.numel() for p in module.parameters())}
+
+    def costs(self, facts: dict[str, Any], ins: list[Shape], out: Shape, kernel: int | None) -> tuple[int, int]:
+        b, n, heads = out[0], out[1], out[-1] // facts["v_dim"]
+        m = n if facts["fused"] else ins[1][1]
+        return b * heads * n * m * (facts["head_dim"] + facts["v_dim"]), facts["params"]
+
+
+# -- recognition ------------------------------------------------------------------------------------
+_VIEW_METHODS = {"reshape", "view", "permute", "transpose", "unbind", "contiguous", "flatten"}
+_VIEW_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.unbind, torch.flatten, operator.getitem}
+
+
+def _is_view(node: fx.Node) -> bool:
+    return (node.op == "call_method" and node.target in _VIEW_METHODS) or (
+        node.op == "call_function" and node.target in _VIEW_FUNCTIONS)
+
+
+def _module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
+    return gm.get_submodule(node.target) if node.op == "call_module" else None
+
+
+@dataclass
+class _Found:
+    sources: list[fx.Node]  # the projections' nodes, q (or fused qkv), k, v
+    merged: fx.Node  # the heads merged again, (B, N, heads * v_dim)
+    core: HeadAttention
+    inside: set[fx.Node]  # nodes the operator replaces
+
+
+def _trace_back(gm: fx.GraphModule, node: fx.Node, dim: int, inside: set[fx.Node]) -> tuple[fx.Node | None, nn.Module | None]:
+    """The projection (a Linear's node) that ``node``, one head's q, k or v, is split from, and the
+    per-head norm on the way (a LayerNorm over ``dim`` features), if any."""
+    norm = None
+    while True:
+        mod = _module(gm, node)
+        if isinstance(mod, nn.Linear):
+            return node, norm
+        if _is_view(node):
+            inside.add(node)
+            node = node.args[0]
+        elif isinstance(mod, nn.Identity) or (isinstance(mod, nn.LayerNorm) and mod.normalized_shape == (dim,)
+                                              and norm is None):
+            inside.add(node)
+            norm = None if isinstance(mod, nn.Identity) else mod
+            node = node.args[0]
+        else:
+            return None, None
+
+
+def _find_sdpa(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
+    args = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal"), node.args))
+    args.update(node.kwargs)
+    if args.get("attn_mask") is not None or args.get("is_causal", False) or args.get("dropout_p", 0.0) or \
+            args.get("enable_gqa", False):
+        return None
+    shapes = [node_shape(args[k]) for k in ("query", "key", "value")]
+    if any(s is None or len(s) != 4 for s in shapes):
+        return None
+    (b, heads, n, d), (_, _, m, _), (_, _, _, dv) = shapes
+    inside: set[fx.Node] = {node}
+    found = [_trace_back(gm, args[k], dv if k == "value" else d, inside) for k in ("query", "key", "value")]
+    sources = [s for s, _ in found]
+    if any(s is None for s in sources) or found[2][1] is not None:
+        return None
+    fused = len(set(sources)) == 1
+    if fused:
+        sources = sources[:1]
+        if d != dv or node_shape(sources[0])[-1] != 3 * heads * d or n != m:
+            return None
+    elif len(set(sources)) != 3 or [node_shape(s)[-1] for s in sources] != [heads * d, heads * d, heads * dv]:
+        return None
+    merged = node
+    while node_shape(merged) != (b, n, heads * dv):
+        users = list(merged.users)
+        if len(users) != 1 or not _is_view(users[0]):
+            return None
+        merged = users[0]
+        inside.add(merged)
+    core = HeadAttention(heads, d, dv, args.get("scale"), fused, found[0][1], found[1][1])
+    return _Found(sources, merged, core, inside)
+
+
+def _closed(found: _Found) -> bool:
+    """Nothing outside reads what the operator replaces, and the projections feed only it."""
+    ok = all(u in found.inside for n in found.inside if n is not found.merged for u in n.users)
+    return ok and all(u in found.inside for s in found.sources for u in s.users)
+
+
+def _head_major(linear: nn.Linear, heads: int) -> Callable[[], None]:
+    """Reorder a fused qkv projection's rows from [q, k, v][head][dim] to [head][q, k, v][dim];
+    returns what undoes it. The tensors are rebound, never changed in place: the storage may be
+    the user's model's."""
+    params = [p for p in (linear.weight, linear.bias) if p is not None]
+    before = [p.data for p in params]
+    for p in params:
+        p.data = _rows_head_major(p.data, heads)
+
+    def undo() -> None:
+        for p, data in zip(params, before):
+            p.data = data
+
+    return undo
+
+
+def _rows_head_major(t: torch.Tensor, heads: int) -> torch.Tensor:
+    rest = t.shape[1:]
+    return t.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(t.shape).contiguous()
+
+
+def _rewrite_sdpa(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | None:
+    found = _find_sdpa(gm, node)
+    if found is None or not _closed(found):
+        return None
+    owner = found.sources[0].target.rpartition(".")[0]
+    target = _free_name(gm, f"{owner}.heads" if owner else "heads")
+    gm.add_submodule(target, found.core)
+    with gm.graph.inserting_after(found.merged):
+        call = gm.graph.call_module(target, tuple(found.sources))
+    found.merged.replace_all_uses_with(call)
+    undo = []
+    if found.core.fused:
+        lin = gm.get_submodule(found.sources[0].target)
+        undo.append(_head_major(lin, found.core.num_heads))
+    return undo
+
+
+def _rewrite_mha(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | None:
+    """``nn.MultiheadAttention(x, x, x)`` (batch first, no masks) -> qkv Linear, heads, out_proj."""
+    mha = gm.get_submodule(node.target)
+    args = list(node.args) + [node.kwargs.get(k) for k in ("query", "key", "value") if k in node.kwargs]
+    extra = {k: v for k, v in node.kwargs.items() if k not in ("query", "key", "value", "need_weights")}
+    if len(args) != 3 or len(set(args)) != 1 or any(v is not None for v in extra.values()) or not mha.batch_first \
+            or not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        return None
+    users = list(node.users)
+    if not all(u.op == "call_function" and u.target is operator.getitem for u in users):
+        return None
+    if any(u.args[1] != 0 and u.users for u in users):
+        return None  # the attention weights are used
+    e, heads = mha.embed_dim, mha.num_heads
+    qkv = nn.Linear(e, 3 * e, bias=mha.in_proj_bias is not None)
+    qkv.weight = nn.Parameter(_rows_head_major(mha.in_proj_weight.detach(), heads))
+    if mha.in_proj_bias is not None:
+        qkv.bias = nn.Parameter(_rows_head_major(mha.in_proj_bias.detach(), heads))
+    block = nn.Module()
+    block.qkv, block.heads, block.out_proj = qkv, HeadAttention(heads, e // heads, e // heads, None, True), mha.out_proj
+    set_attr(gm, node.target, block)
+    with gm.graph.inserting_after(node):
+        a = gm.graph.call_module(f"{node.target}.qkv", (args[0],))
+        with gm.graph.inserting_after(a):
+            h = gm.graph.call_module(f"{node.target}.heads", (a,))
+            with gm.graph.inserting_after(h):
+                out = gm.graph.call_module(f"{node.target}.out_proj", (h,))
+    for u in users:
+        if u.args[1] == 0:
+            u.replace_all_uses_with(out)
+    return [lambda: set_attr(gm, node.target, mha)]
+
+
+def _free_name(gm: fx.GraphModule, name: str) -> str:
+    cand, i = name, 1
+    while True:
+        try:
+            gm.get_submodule(cand)
+        except AttributeError:
+            return cand
+        cand, i = f"{name}{i}", i + 1
+
+
+_FINDERS = {F.scaled_dot_product_attention: _rewrite_sdpa}
+
+
+@register_rewrite
+def recognise_attention(gm: fx.GraphModule, example: torch.Tensor) -> int:
+    """Replace every multi-head attention found (see the module docstring) by ``HeadAttention``,
+    in place; checked on ``example`` and undone if the output changes. Returns how many."""
+    candidates = [n for n in gm.graph.nodes if (n.op == "call_function" and n.target in _FINDERS)
+                  or isinstance(_module(gm, n), nn.MultiheadAttention)]
+    if not candidates:
+        return 0
+    with torch.no_grad():
+        reference = gm(example)
+    saved = gm.graph
+    gm.graph = _copy_graph(saved)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    undo: list[Callable[[], None]] = []
+    count = 0
+    for c in candidates:
+        node = nodes[c.name]
+        done = _rewrite_mha(gm, node) if node.op == "call_module" else _FINDERS[node.target](gm, node)
+        if done is not None:
+            undo += done
+            count += 1
+    if not count:
+        gm.graph = saved
+        gm.recompile()
+        return 0
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    with torch.no_grad():
+        result = gm(example)
+    if torch.allclose(result, reference, rtol=1e-4, atol=1e-5 * float(reference.abs().max()) + 1e-6):
+        gm.graph.lint()
+        log.info("recognised %d multi-head attention(s)", count)
+        return count
+    log.warning("attention recognised at %s does not reproduce the model (max difference %.3g); left as it is",
+                ", ".join(c.name for c in candidates), float((result - reference).abs().max()))
+    for step in reversed(undo):
+        step()
+    gm.graph = saved
+    gm.recompile()
+    return 0
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    new = fx.Graph(owning_module=graph.owning_module)
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new

@@ -1,0 +1,162 @@
+"""Vision transformers: attention becomes one operator whose heads can be dropped; the residual
+stream's width, the MLP ratio and whole layers are variables; SubNets extract exactly, export to
+ONNX and load without AutoTailor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+import torch.nn as nn
+import torchvision
+
+import autotailor as at
+from autotailor.deploy import export_onnx
+from autotailor.errors import ConfigError
+from autotailor.ir.ops.attention import HeadAttention
+
+
+def timm_vit(heads: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    return timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=heads,
+                                         num_classes=10).eval()
+
+
+def torchvision_vit() -> nn.Module:
+    torch.manual_seed(0)
+    return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=3, num_heads=4,
+                                                hidden_dim=48, mlp_dim=96, num_classes=10).eval()
+
+
+CONFIG = "[var.global_vars]\nresolution = [32]\n"
+
+
+@pytest.mark.parametrize("make", [timm_vit, torchvision_vit], ids=["timm", "torchvision"])
+def test_vit_gets_heads_embedding_mlp_and_layer_depth_variables(make) -> None:
+    model = make()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    kinds = {v.kind: v for v in sn.space.variables}
+    assert set(kinds) == {"heads", "embedding", "width", "depth"}
+    heads = [v for v in sn.space.variables if v.kind == "heads"]
+    assert len(heads) == 3 and all(v.choices == (2, 3, 4) for v in heads)  # ratios 0.5, 0.75, 1 of 4 heads
+    assert kinds["embedding"].name == "embed_ratio" and kinds["embedding"].values == (24, 36, 48)
+    # Three layers, each an attention and an MLP block: depth counts layers, a choice drops both.
+    depth = kinds["depth"]
+    assert depth.choices == (-2, -1, 0) and depth.values == (-4, -2, 0)
+    assert len(sn.space.dropped_blocks({depth.name: -1})) == 2
+    assert sum(isinstance(m, HeadAttention) for m in sn.modules()) == 3
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-5)
+
+
+def _head_of(sn_proj: torch.Tensor, orig_proj: torch.Tensor, dim: int) -> list[int]:
+    """Which of the original model's heads each of the SuperNet's kept heads is, by the values of
+    the output projection's columns (reordering permutes its columns in whole heads, and its rows
+    with the embedding's channels)."""
+    found = []
+    values = lambda w, i: w[:, i * dim:(i + 1) * dim].flatten().sort().values  # noqa: E731
+    for j in range(sn_proj.shape[1] // dim):
+        matches = [i for i in range(orig_proj.shape[1] // dim) if torch.equal(values(sn_proj, j), values(orig_proj, i))]
+        assert len(matches) == 1
+        found.append(matches[0])
+    return found
+
+
+def test_dropping_heads_equals_the_model_without_those_heads() -> None:
+    model = timm_vit()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    heads = [v for v in sn.space.variables if v.kind == "heads"]
+    arch = {heads[0].name: 2, heads[2].name: 3}
+    net = sn.extract(arch)
+    # The reference: the original model with the dropped heads' outputs removed, which is what
+    # a model built with fewer heads computes (a head reaches the output only through the
+    # projection's columns).
+    reference = timm_vit()
+    for layer, kept in ((0, 2), (1, 4), (2, 3)):
+        proj = reference.blocks[layer].attn.proj
+        sn_proj = dict(sn.named_parameters())[f"net.block{2 * layer + 1}.body.blocks.{layer}.attn.proj.weight"]
+        keep = _head_of(sn_proj.detach()[:, : kept * 12], proj.weight.detach(), 12)
+        with torch.no_grad():
+            for i in set(range(4)) - set(keep):
+                proj.weight[:, i * 12:(i + 1) * 12] = 0
+    with torch.no_grad():
+        assert torch.allclose(net(x), reference(x), atol=1e-5)
+        sn.set_arch(arch)
+        assert torch.equal(sn(x), net(x))
+    linear_rows = [m.out_features for m in net.modules() if isinstance(m, nn.Linear) and m.out_features % 36 == 0]
+    assert linear_rows[:3] == [72, 144, 108]  # the qkv projections of 2, 4 and 3 heads of 12 dims
+
+
+@pytest.mark.parametrize("make", [timm_vit, torchvision_vit], ids=["timm", "torchvision"])
+def test_random_transformer_subnets_extract_exactly_and_run_in_onnx_runtime(make, tmp_path) -> None:
+    sn = at.compile(make(), torch.randn(1, 3, 32, 32), config=CONFIG).eval()
+    x = torch.randn(1, 3, 32, 32)
+    for seed in range(3):
+        arch = sn.space.sample(seed)
+        sn.set_arch(arch)
+        net = sn.extract(arch).eval()
+        with torch.no_grad():
+            ref = sn(x)
+            assert torch.equal(net(x), ref)
+        path = export_onnx(net, tmp_path / f"{seed}.onnx", (1, 3, 32, 32))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        (y,) = session.run(None, {"input": x.numpy()})
+        assert np.abs(y - ref.numpy()).max() < 1e-4
+
+
+def test_transformer_subnet_loads_and_runs_without_autotailor(tmp_path) -> None:
+    sn = at.compile(timm_vit(), torch.randn(1, 3, 32, 32), config=CONFIG).eval()
+    arch = sn.space.min()
+    net = sn.extract(arch).eval()
+    x = torch.randn(1, 3, 32, 32)
+    torch.save(net, tmp_path / "net.pt")
+    torch.save({"x": x, "y": net(x).detach()}, tmp_path / "io.pt")
+    assert [n.op for n in net.graph.nodes].count("placeholder") == 1  # timm's optional arguments are gone
+    code = (f"import sys; sys.modules['autotailor'] = None\nimport torch\n"
+            f"net = torch.load({str(tmp_path / 'net.pt')!r}, weights_only=False)\n"
+            f"io = torch.load({str(tmp_path / 'io.pt')!r})\n"
+            "assert torch.allclose(net(io['x']), io['y'], atol=1e-6)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_heads_ratios_come_from_the_config_and_bad_ones_are_refused() -> None:
+    config = CONFIG + "[var.block_vars]\nAttentionBlock.heads_ratio = [0.25, 1.0]\n"
+    sn = at.compile(timm_vit(heads=8), torch.randn(1, 3, 32, 32), config=config)
+    assert {v.choices for v in sn.space.variables if v.kind == "heads"} == {(2, 8)}
+    with pytest.raises(ConfigError, match=r"AttentionBlock.heads_ratio = \[0.0\] is not allowed; expected a list "
+                                          r"of ratios in \(0, 1\]"):
+        at.compile(timm_vit(), torch.randn(1, 3, 32, 32),
+                   config=CONFIG + "[var.block_vars]\nAttentionBlock.heads_ratio = [0.0]\n")
+
+
+class _AttentionWeightsUsed(nn.Module):
+    """Attention whose weights feed the output: not plain multi-head attention, left as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 16, 8, 8)
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+        self.head = nn.Linear(16 + 16, 10)
+
+    def forward(self, x):
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        y, w = self.attn(t, t, t)
+        return self.head(torch.cat([y.mean(1), w.mean(1)], dim=1))
+
+
+def test_attention_whose_weights_are_used_is_not_rewritten() -> None:
+    torch.manual_seed(0)
+    model = _AttentionWeightsUsed().eval()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    assert not any(isinstance(m, HeadAttention) for m in sn.modules())
+    assert not any(v.kind == "heads" for v in sn.space.variables)
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-6)
