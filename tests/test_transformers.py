@@ -160,3 +160,35 @@ def test_attention_whose_weights_are_used_is_not_rewritten() -> None:
     assert not any(v.kind == "heads" for v in sn.space.variables)
     with torch.no_grad():
         assert torch.allclose(sn(x), model(x), atol=1e-6)
+
+
+def tiny_swin() -> nn.Module:
+    torch.manual_seed(0)
+    model = timm.models.SwinTransformer(img_size=32, patch_size=2, window_size=4, embed_dim=24, depths=(2, 2),
+                                        num_heads=(3, 6), num_classes=10).eval()
+    with torch.no_grad():  # the first block's last head the most important
+        model.layers[0].blocks[0].attn.proj.weight[:, 16:] *= 4
+    return model
+
+
+def test_swin_heads_take_their_relative_position_biases_along() -> None:
+    # Swin's attention adds a bias computed from a table with one column per head: reordering
+    # the heads reorders the table, and dropping heads drops their biases.
+    model = tiny_swin()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    heads = {v.name: v for v in sn.space.variables if v.kind == "heads"}
+    assert heads["block1.num_heads"].choices == (2, 3)
+    net = sn.extract({"block1.num_heads": 2})
+    reference = tiny_swin()
+    attn = reference.layers[0].blocks[0].attn
+    sn_proj = dict(sn.named_parameters())["net.block1.body.layers.0.blocks.0.attn.proj.weight"].detach()
+    keep = _head_of(sn_proj[:, :16], attn.proj.weight.detach(), 8)
+    assert keep[0] == 2  # importance moved a head: the table must move with it
+    sn_table = dict(sn.named_parameters())["net.block1.body.layers.0.blocks.0.attn.relative_position_bias_table"]
+    assert torch.equal(sn_table[:, :2], attn.relative_position_bias_table[:, keep])
+    with torch.no_grad():
+        for i in set(range(3)) - set(keep):
+            attn.proj.weight[:, i * 8:(i + 1) * 8] = 0
+        assert torch.allclose(sn(x), model(x), atol=1e-6)
+        assert torch.allclose(net(x), reference(x), atol=1e-5)

@@ -38,7 +38,8 @@ class Heads(VariableKind):
             if not isinstance(core, HeadAttention):
                 continue
             groups = tuple(g for g in ctx.groups if g.split_by == node.name)
-            members = [(g, m) for g in groups for m in g.members if m.node != node.name]
+            # Per-head tables (role "param") are reordered with the heads, not sliced.
+            members = [(g, m) for g in groups for m in g.members if m.node != node.name and m.role != "param"]
             why = next((g.fixed for g in groups if g.fixed), None) or next(
                 (f"{m.node} is not a linear layer" for _, m in members
                  if not isinstance(ctx.gm.get_submodule(ctx.nodes[m.node].target), nn.Linear)), None)

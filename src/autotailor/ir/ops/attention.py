@@ -38,20 +38,24 @@ class HeadAttention(nn.Module):
 
     ``fused``: one input of shape (B, N, heads * 3 * head_dim), head-major; otherwise q
     (B, N, heads * head_dim), k (B, M, heads * head_dim) and v (B, M, heads * v_dim). Returns
-    (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors.
+    (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask``, an
+    additive bias computed outside (Swin's relative positions and shifted windows), has the
+    model's heads on its third axis from the end (or one for all): the first ``heads`` are used.
     """
 
     def __init__(self, num_heads: int, head_dim: int, v_dim: int, scale: float | None, fused: bool,
                  q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
         super().__init__()
         self.num_heads, self.head_dim, self.v_dim, self.scale, self.fused = num_heads, head_dim, v_dim, scale, fused
+        self.masked = ""  # calls pass a mask: "" (none), "shared" (one for all heads) or "per_head"
         self.q_norm = q_norm if q_norm is not None else nn.Identity()
         self.k_norm = k_norm if k_norm is not None else nn.Identity()
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
-        return self._attend(q, k, v, self.num_heads)
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self._attend(q, k, v, mask, self.num_heads)
 
-    def _attend(self, q, k, v, h: int) -> torch.Tensor:
+    def _attend(self, q, k, v, mask, h: int) -> torch.Tensor:
         b, n = q.shape[0], q.shape[1]
         if self.fused:
             q, k, v = q.reshape(b, n, h, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
@@ -59,7 +63,9 @@ class HeadAttention(nn.Module):
             q = q.reshape(b, n, h, self.head_dim).transpose(1, 2)
             k = k.reshape(b, k.shape[1], h, self.head_dim).transpose(1, 2)
             v = v.reshape(b, v.shape[1], h, self.v_dim).transpose(1, 2)
-        x = F.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v, scale=self.scale)
+        if self.masked == "per_head":
+            mask = mask[..., :h, :, :]
+        x = F.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v, attn_mask=mask, scale=self.scale)
         return x.transpose(1, 2).reshape(b, n, h * self.v_dim)
 
 
@@ -76,8 +82,8 @@ class DynHeadAttention(Operator, HeadAttention):
     def _meta_spec(self) -> HeadsSpec:
         return HeadsSpec(self.num_heads)
 
-    def forward(self, q, k=None, v=None) -> torch.Tensor:
-        return self._attend(q, k, v, self.feature.active.num_heads)
+    def forward(self, q, k=None, v=None, mask=None) -> torch.Tensor:
+        return self._attend(q, k, v, mask, self.feature.active.num_heads)
 
     def infer(self, shape: Shape) -> Shape:
         return (*shape[:-1], self.feature.active.num_heads * self.v_dim)
@@ -86,7 +92,11 @@ class DynHeadAttention(Operator, HeadAttention):
         # Traced, so that the SubNet holds torch code only and loads without AutoTailor.
         core = HeadAttention(self.feature.active.num_heads, self.head_dim, self.v_dim, self.scale, self.fused,
                              copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
-        return without_fixed_inputs(fx.symbolic_trace(core, concrete_args={"k": None, "v": None} if self.fused else None))
+        core.masked = self.masked
+        fixed = {"k": None, "v": None} if self.fused else {}
+        if not self.masked:
+            fixed["mask"] = None
+        return without_fixed_inputs(fx.symbolic_trace(core, concrete_args=fixed or None))
 
 
 @register(HeadAttention)
@@ -113,6 +123,13 @@ class HeadAttentionHandler(OpHandler):
         out = a.new_group(core.num_heads * core.v_dim)
         a.add_member(out, Member(node.name, "out"))
         a.split(out, node.name, core.v_dim)
+        for param, axis in _head_tables(node):
+            # A per-head table the mask is computed from (Swin's relative position biases):
+            # reordered with the heads, never sliced (the operator takes the mask's first heads).
+            table = a.new_group(core.num_heads)
+            a.split(table, node.name, 1)
+            for user in param.users:
+                a.add_param_member(table, param, axis, user)
         return Track(len(node_shape(node)) - 1, out)
 
     def importance(self, module: nn.Module, role: str) -> list[tuple[torch.Tensor, int]]:
@@ -126,7 +143,7 @@ class HeadAttentionHandler(OpHandler):
 
     def describe(self, module: HeadAttention) -> str:
         norms = "".join(type(m).__name__[0] for m in (module.q_norm, module.k_norm))
-        return f"d{module.head_dim}v{module.v_dim}{'f' if module.fused else 's'}{norms}s{module.scale}"
+        return f"d{module.head_dim}v{module.v_dim}{'f' if module.fused else 's'}{norms}s{module.scale}m{module.masked}"
 
     def facts(self, module: HeadAttention) -> dict[str, Any]:
         return {"head_dim": module.head_dim, "v_dim": module.v_dim, "fused": module.fused,
@@ -136,6 +153,25 @@ class HeadAttentionHandler(OpHandler):
         b, n, heads = out[0], out[1], out[-1] // facts["v_dim"]
         m = n if facts["fused"] else ins[1][1]
         return b * heads * n * m * (facts["head_dim"] + facts["v_dim"]), facts["params"]
+
+
+def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
+    """The parameters the mask of ``node`` is computed from that have one axis of the attention's
+    head count: (their ``get_attr`` node, that axis)."""
+    mask = node.kwargs.get("mask")
+    heads = node.graph.owning_module.get_submodule(node.target).num_heads
+    found, stack, seen = [], [mask] if isinstance(mask, fx.Node) else [], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "get_attr":
+            axes = [i for i, size in enumerate(node_shape(n) or ()) if size == heads]
+            if len(axes) == 1:
+                found.append((n, axes[0]))
+        stack.extend(n.all_input_nodes)
+    return found
 
 
 # -- recognition ------------------------------------------------------------------------------------
@@ -158,6 +194,7 @@ class _Found:
     merged: fx.Node  # the heads merged again, (B, N, heads * v_dim)
     core: HeadAttention
     inside: set[fx.Node]  # nodes the operator replaces
+    mask: fx.Node | None = None
 
 
 def _trace_back(gm: fx.GraphModule, node: fx.Node, dim: int, inside: set[fx.Node]) -> tuple[fx.Node | None, nn.Module | None]:
@@ -183,15 +220,70 @@ def _trace_back(gm: fx.GraphModule, node: fx.Node, dim: int, inside: set[fx.Node
 def _find_sdpa(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     args = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal"), node.args))
     args.update(node.kwargs)
-    if args.get("attn_mask") is not None or args.get("is_causal", False) or args.get("dropout_p", 0.0) or \
-            args.get("enable_gqa", False):
+    if args.get("is_causal", False) or args.get("dropout_p", 0.0) or args.get("enable_gqa", False):
         return None
-    shapes = [node_shape(args[k]) for k in ("query", "key", "value")]
+    return _assemble(gm, args["query"], args["key"], args["value"], args.get("attn_mask"), args.get("scale"),
+                     node, {node})
+
+
+_MATMUL = {operator.matmul, torch.matmul, "matmul"}
+_SOFTMAX = {F.softmax, torch.softmax, "softmax"}
+
+
+def _is(node: object, targets: set) -> bool:
+    return isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and node.target in targets
+
+
+def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
+    """``softmax(q @ k^T * scale [+ bias]) @ v``, the scale on q or on the scores, dropout allowed."""
+    if isinstance(_module(gm, node), nn.Softmax):
+        dim = _module(gm, node).dim
+    else:
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+    shape = node_shape(node)
+    if shape is None or len(shape) != 4 or dim is None or dim % 4 != 3:
+        return None
+    inside, out = {node}, node
+    while len(out.users) == 1 and isinstance(_module(gm, next(iter(out.users))), (nn.Dropout, nn.Identity)):
+        out = next(iter(out.users))
+        inside.add(out)
+    (product,) = out.users if len(out.users) == 1 else (None,)
+    if not _is(product, _MATMUL) or product.args[0] is not out:
+        return None
+    inside.add(product)
+    scores, mask, scale = node.args[0], None, 1.0
+    if _is(scores, {operator.add, torch.add, "add"}) and all(isinstance(a, fx.Node) for a in scores.args[:2]):
+        inside.add(scores)
+        a, b = scores.args[:2]
+        scores, mask = (a, b) if _is(a, _MATMUL) or _is(a, {operator.mul, operator.truediv}) else (b, a)
+    if _is(scores, {operator.mul, operator.truediv}) and isinstance(scores.args[1], float):
+        inside.add(scores)
+        scale = scores.args[1] if scores.target is operator.mul else 1 / scores.args[1]
+        scores = scores.args[0]
+    if not _is(scores, _MATMUL):
+        return None
+    inside.add(scores)
+    q, kt = scores.args[:2]
+    if _is(q, {operator.mul}) and isinstance(q.args[1], float) and scale == 1.0:
+        inside.add(q)
+        q, scale = q.args[0], q.args[1]
+    if not (_is(kt, {"transpose", torch.transpose}) and {a % 4 for a in kt.args[1:3]} == {2, 3}):
+        return None
+    inside.add(kt)
+    return _assemble(gm, q, kt.args[0], product.args[1], mask, scale, product, inside)
+
+
+def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, mask: object, scale: float | None,
+              out: fx.Node, inside: set[fx.Node]) -> _Found | None:
+    """The attention with per-head ``q``, ``k``, ``v`` (B, heads, N, dim) whose result is ``out``:
+    its projections, the heads merged again, and the operator that replaces it all."""
+    shapes = [node_shape(x) for x in (q, k, v)]
     if any(s is None or len(s) != 4 for s in shapes):
         return None
     (b, heads, n, d), (_, _, m, _), (_, _, _, dv) = shapes
-    inside: set[fx.Node] = {node}
-    found = [_trace_back(gm, args[k], dv if k == "value" else d, inside) for k in ("query", "key", "value")]
+    if mask is not None and not (isinstance(mask, fx.Node) and (node_shape(mask) or ())[-3:-2] in ((1,), (heads,))):
+        return None
+    found = [_trace_back(gm, x, dim, inside) for x, dim in ((q, d), (k, d), (v, dv))]
     sources = [s for s, _ in found]
     if any(s is None for s in sources) or found[2][1] is not None:
         return None
@@ -202,15 +294,16 @@ def _find_sdpa(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
             return None
     elif len(set(sources)) != 3 or [node_shape(s)[-1] for s in sources] != [heads * d, heads * d, heads * dv]:
         return None
-    merged = node
+    merged = out
     while node_shape(merged) != (b, n, heads * dv):
         users = list(merged.users)
         if len(users) != 1 or not _is_view(users[0]):
             return None
         merged = users[0]
         inside.add(merged)
-    core = HeadAttention(heads, d, dv, args.get("scale"), fused, found[0][1], found[1][1])
-    return _Found(sources, merged, core, inside)
+    core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1])
+    core.masked = "" if mask is None else "shared" if node_shape(mask)[-3] == 1 else "per_head"
+    return _Found(sources, merged, core, inside, mask)
 
 
 def _closed(found: _Found) -> bool:
@@ -240,15 +333,15 @@ def _rows_head_major(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(t.shape).contiguous()
 
 
-def _rewrite_sdpa(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | None:
-    found = _find_sdpa(gm, node)
+def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | None:
+    found = _find_sdpa(gm, node) if node.target is F.scaled_dot_product_attention else _find_softmax(gm, node)
     if found is None or not _closed(found):
         return None
     owner = found.sources[0].target.rpartition(".")[0]
     target = _free_name(gm, f"{owner}.heads" if owner else "heads")
     gm.add_submodule(target, found.core)
     with gm.graph.inserting_after(found.merged):
-        call = gm.graph.call_module(target, tuple(found.sources))
+        call = gm.graph.call_module(target, tuple(found.sources), {"mask": found.mask} if found.mask else {})
     found.merged.replace_all_uses_with(call)
     undo = []
     if found.core.fused:
@@ -300,15 +393,16 @@ def _free_name(gm: fx.GraphModule, name: str) -> str:
         cand, i = f"{name}{i}", i + 1
 
 
-_FINDERS = {F.scaled_dot_product_attention: _rewrite_sdpa}
+def _candidate(gm: fx.GraphModule, node: fx.Node) -> bool:
+    return _is(node, {F.scaled_dot_product_attention, *_SOFTMAX}) or isinstance(
+        _module(gm, node), (nn.MultiheadAttention, nn.Softmax))
 
 
 @register_rewrite
 def recognise_attention(gm: fx.GraphModule, example: torch.Tensor) -> int:
     """Replace every multi-head attention found (see the module docstring) by ``HeadAttention``,
     in place; checked on ``example`` and undone if the output changes. Returns how many."""
-    candidates = [n for n in gm.graph.nodes if (n.op == "call_function" and n.target in _FINDERS)
-                  or isinstance(_module(gm, n), nn.MultiheadAttention)]
+    candidates = [n for n in gm.graph.nodes if _candidate(gm, n)]
     if not candidates:
         return 0
     with torch.no_grad():
@@ -320,7 +414,8 @@ def recognise_attention(gm: fx.GraphModule, example: torch.Tensor) -> int:
     count = 0
     for c in candidates:
         node = nodes[c.name]
-        done = _rewrite_mha(gm, node) if node.op == "call_module" else _FINDERS[node.target](gm, node)
+        mha = isinstance(_module(gm, node), nn.MultiheadAttention)
+        done = _rewrite_mha(gm, node) if mha else _rewrite(gm, node)
         if done is not None:
             undo += done
             count += 1
