@@ -94,9 +94,9 @@ def test_dropping_heads_equals_the_model_without_those_heads() -> None:
     assert linear_rows[:3] == [72, 144, 108]  # the qkv projections of 2, 4 and 3 heads of 12 dims
 
 
-@pytest.mark.parametrize("make", [timm_vit, torchvision_vit], ids=["timm", "torchvision"])
+@pytest.mark.parametrize("make", ["timm_vit", "torchvision_vit", "tiny_swin"])
 def test_random_transformer_subnets_extract_exactly_and_run_in_onnx_runtime(make, tmp_path) -> None:
-    sn = at.compile(make(), torch.randn(1, 3, 32, 32), config=CONFIG).eval()
+    sn = at.compile(globals()[make](), torch.randn(1, 3, 32, 32), config=CONFIG).eval()
     x = torch.randn(1, 3, 32, 32)
     for seed in range(3):
         arch = sn.space.sample(seed)
@@ -177,9 +177,17 @@ def test_swin_heads_take_their_relative_position_biases_along() -> None:
     model = tiny_swin()
     x = torch.randn(2, 3, 32, 32)
     sn = at.compile(model, x[:1], config=CONFIG).eval()
-    heads = {v.name: v for v in sn.space.variables if v.kind == "heads"}
-    assert heads["block1.num_heads"].choices == (2, 3)
+    heads = {v.name: v.choices for v in sn.space.variables if v.kind == "heads"}
+    # Every block, the shifted-window ones (a second, per-window mask) included.
+    assert heads == {"block1.num_heads": (2, 3), "block5.num_heads": (2, 3), "block9.num_heads": (3, 4, 6),
+                     "block13.num_heads": (3, 4, 6)}
+    assert [m.windowed for m in sn.modules() if isinstance(m, HeadAttention)] == ["", "shared", "", "shared"]
     net = sn.extract({"block1.num_heads": 2})
+    for arch in (sn.space.sample(0), {"block5.num_heads": 2, "block13.num_heads": 3}):
+        with torch.no_grad():
+            sn.set_arch(arch)
+            assert torch.equal(sn.extract(arch)(x), sn(x))
+    sn.set_arch(sn.space.max())
     reference = tiny_swin()
     attn = reference.layers[0].blocks[0].attn
     sn_proj = dict(sn.named_parameters())["net.block1.body.layers.0.blocks.0.attn.proj.weight"].detach()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -38,24 +38,27 @@ class HeadAttention(nn.Module):
 
     ``fused``: one input of shape (B, N, heads * 3 * head_dim), head-major; otherwise q
     (B, N, heads * head_dim), k (B, M, heads * head_dim) and v (B, M, heads * v_dim). Returns
-    (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask``, an
-    additive bias computed outside (Swin's relative positions and shifted windows), has the
-    model's heads on its third axis from the end (or one for all): the first ``heads`` are used.
+    (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask`` is an
+    additive bias computed outside (Swin's relative positions), ``window_mask`` one more per
+    window (Swin's shifted windows: (1, windows, heads or 1, N, N), the batch holding images
+    times windows); each has the model's heads on its third axis from the end, or one for all,
+    and the first ``heads`` are used. ``masked``/``windowed`` say which a call passes ("": none,
+    "shared": one for all heads, "per_head").
     """
 
     def __init__(self, num_heads: int, head_dim: int, v_dim: int, scale: float | None, fused: bool,
                  q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
         super().__init__()
         self.num_heads, self.head_dim, self.v_dim, self.scale, self.fused = num_heads, head_dim, v_dim, scale, fused
-        self.masked = ""  # calls pass a mask: "" (none), "shared" (one for all heads) or "per_head"
+        self.masked = self.windowed = ""
         self.q_norm = q_norm if q_norm is not None else nn.Identity()
         self.k_norm = k_norm if k_norm is not None else nn.Identity()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self._attend(q, k, v, mask, self.num_heads)
+                mask: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self._attend(q, k, v, mask, window_mask, self.num_heads)
 
-    def _attend(self, q, k, v, mask, h: int) -> torch.Tensor:
+    def _attend(self, q, k, v, mask, window_mask, h: int) -> torch.Tensor:
         b, n = q.shape[0], q.shape[1]
         if self.fused:
             q, k, v = q.reshape(b, n, h, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
@@ -65,7 +68,18 @@ class HeadAttention(nn.Module):
             v = v.reshape(b, v.shape[1], h, self.v_dim).transpose(1, 2)
         if self.masked == "per_head":
             mask = mask[..., :h, :, :]
-        x = F.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v, attn_mask=mask, scale=self.scale)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if not self.windowed:
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        else:
+            if self.windowed == "per_head":
+                window_mask = window_mask[..., :h, :, :]
+            s = (q * (self.scale if self.scale is not None else self.head_dim ** -0.5)) @ k.transpose(-2, -1)
+            if mask is not None:
+                s = s + mask
+            windows, m = window_mask.shape[-4], s.shape[-1]
+            s = (s.view(-1, windows, h, n, m) + window_mask).view(-1, h, n, m)
+            x = s.softmax(-1) @ v
         return x.transpose(1, 2).reshape(b, n, h * self.v_dim)
 
 
@@ -82,8 +96,8 @@ class DynHeadAttention(Operator, HeadAttention):
     def _meta_spec(self) -> HeadsSpec:
         return HeadsSpec(self.num_heads)
 
-    def forward(self, q, k=None, v=None, mask=None) -> torch.Tensor:
-        return self._attend(q, k, v, mask, self.feature.active.num_heads)
+    def forward(self, q, k=None, v=None, mask=None, window_mask=None) -> torch.Tensor:
+        return self._attend(q, k, v, mask, window_mask, self.feature.active.num_heads)
 
     def infer(self, shape: Shape) -> Shape:
         return (*shape[:-1], self.feature.active.num_heads * self.v_dim)
@@ -92,10 +106,9 @@ class DynHeadAttention(Operator, HeadAttention):
         # Traced, so that the SubNet holds torch code only and loads without AutoTailor.
         core = HeadAttention(self.feature.active.num_heads, self.head_dim, self.v_dim, self.scale, self.fused,
                              copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
-        core.masked = self.masked
+        core.masked, core.windowed = self.masked, self.windowed
         fixed = {"k": None, "v": None} if self.fused else {}
-        if not self.masked:
-            fixed["mask"] = None
+        fixed.update({name: None for name, on in (("mask", self.masked), ("window_mask", self.windowed)) if not on})
         return without_fixed_inputs(fx.symbolic_trace(core, concrete_args=fixed or None))
 
 
@@ -143,7 +156,7 @@ class HeadAttentionHandler(OpHandler):
 
     def describe(self, module: HeadAttention) -> str:
         norms = "".join(type(m).__name__[0] for m in (module.q_norm, module.k_norm))
-        return f"d{module.head_dim}v{module.v_dim}{'f' if module.fused else 's'}{norms}s{module.scale}m{module.masked}"
+        return f"d{module.head_dim}v{module.v_dim}{'f' if module.fused else 's'}{norms}s{module.scale}m{module.masked}w{module.windowed}"
 
     def facts(self, module: HeadAttention) -> dict[str, Any]:
         return {"head_dim": module.head_dim, "v_dim": module.v_dim, "fused": module.fused,
@@ -156,11 +169,10 @@ class HeadAttentionHandler(OpHandler):
 
 
 def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
-    """The parameters the mask of ``node`` is computed from that have one axis of the attention's
+    """The parameters the masks of ``node`` are computed from that have one axis of the attention's
     head count: (their ``get_attr`` node, that axis)."""
-    mask = node.kwargs.get("mask")
     heads = node.graph.owning_module.get_submodule(node.target).num_heads
-    found, stack, seen = [], [mask] if isinstance(mask, fx.Node) else [], set()
+    found, stack, seen = [], [m for m in node.kwargs.values() if isinstance(m, fx.Node)], set()
     while stack:
         n = stack.pop()
         if n in seen:
@@ -194,7 +206,7 @@ class _Found:
     merged: fx.Node  # the heads merged again, (B, N, heads * v_dim)
     core: HeadAttention
     inside: set[fx.Node]  # nodes the operator replaces
-    mask: fx.Node | None = None
+    masks: dict[str, fx.Node] = field(default_factory=dict)  # keyword -> node
 
 
 def _trace_back(gm: fx.GraphModule, node: fx.Node, dim: int, inside: set[fx.Node]) -> tuple[fx.Node | None, nn.Module | None]:
@@ -222,11 +234,13 @@ def _find_sdpa(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     args.update(node.kwargs)
     if args.get("is_causal", False) or args.get("dropout_p", 0.0) or args.get("enable_gqa", False):
         return None
-    return _assemble(gm, args["query"], args["key"], args["value"], args.get("attn_mask"), args.get("scale"),
-                     node, {node})
+    mask = args.get("attn_mask")
+    return _assemble(gm, args["query"], args["key"], args["value"], {"mask": mask} if mask is not None else {},
+                     args.get("scale"), node, {node})
 
 
 _MATMUL = {operator.matmul, torch.matmul, "matmul"}
+_ADD = {operator.add, torch.add, "add"}
 _SOFTMAX = {F.softmax, torch.softmax, "softmax"}
 
 
@@ -251,11 +265,15 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     if not _is(product, _MATMUL) or product.args[0] is not out:
         return None
     inside.add(product)
-    scores, mask, scale = node.args[0], None, 1.0
-    if _is(scores, {operator.add, torch.add, "add"}) and all(isinstance(a, fx.Node) for a in scores.args[:2]):
+    scores, masks, scale = node.args[0], {}, 1.0
+    windowed = _window_add(scores)
+    if windowed is not None:
+        inside.update(windowed[1:])
+        scores, masks["window_mask"] = windowed[0], windowed[1].args[1]
+    if _is(scores, _ADD) and all(isinstance(a, fx.Node) for a in scores.args[:2]):
         inside.add(scores)
         a, b = scores.args[:2]
-        scores, mask = (a, b) if _is(a, _MATMUL) or _is(a, {operator.mul, operator.truediv}) else (b, a)
+        scores, masks["mask"] = (a, b) if _is(a, _MATMUL) or _is(a, {operator.mul, operator.truediv}) else (b, a)
     if _is(scores, {operator.mul, operator.truediv}) and isinstance(scores.args[1], float):
         inside.add(scores)
         scale = scores.args[1] if scores.target is operator.mul else 1 / scores.args[1]
@@ -270,18 +288,34 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     if not (_is(kt, {"transpose", torch.transpose}) and {a % 4 for a in kt.args[1:3]} == {2, 3}):
         return None
     inside.add(kt)
-    return _assemble(gm, q, kt.args[0], product.args[1], mask, scale, product, inside)
+    return _assemble(gm, q, kt.args[0], product.args[1], masks, scale, product, inside)
 
 
-def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, mask: object, scale: float | None,
-              out: fx.Node, inside: set[fx.Node]) -> _Found | None:
+def _window_add(scores: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
+    """``view(view(s, 5-D) + m, 4-D)`` (Swin's shifted-window mask): (s, the add, both views)."""
+    if not (_is(scores, {"view", "reshape"}) and _is(scores.args[0], _ADD)):
+        return None
+    add = scores.args[0]
+    inner, m = add.args[:2]
+    if not (_is(inner, {"view", "reshape"}) and isinstance(m, fx.Node)):
+        return None
+    s = inner.args[0]
+    shapes = [node_shape(x) for x in (s, inner, m, scores)]
+    if any(x is None for x in shapes) or shapes[0] != shapes[3] or len(shapes[1]) != 5 or len(shapes[2]) != 5 \
+            or shapes[1][2:] != shapes[0][1:] or shapes[2][0] != 1 or shapes[2][1] != shapes[1][1]:
+        return None
+    return s, add, inner, scores
+
+
+def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dict[str, fx.Node],
+              scale: float | None, out: fx.Node, inside: set[fx.Node]) -> _Found | None:
     """The attention with per-head ``q``, ``k``, ``v`` (B, heads, N, dim) whose result is ``out``:
     its projections, the heads merged again, and the operator that replaces it all."""
     shapes = [node_shape(x) for x in (q, k, v)]
     if any(s is None or len(s) != 4 for s in shapes):
         return None
     (b, heads, n, d), (_, _, m, _), (_, _, _, dv) = shapes
-    if mask is not None and not (isinstance(mask, fx.Node) and (node_shape(mask) or ())[-3:-2] in ((1,), (heads,))):
+    if not all(isinstance(m, fx.Node) and (node_shape(m) or ())[-3:-2] in ((1,), (heads,)) for m in masks.values()):
         return None
     found = [_trace_back(gm, x, dim, inside) for x, dim in ((q, d), (k, d), (v, dv))]
     sources = [s for s, _ in found]
@@ -302,8 +336,9 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, mask: obje
         merged = users[0]
         inside.add(merged)
     core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1])
-    core.masked = "" if mask is None else "shared" if node_shape(mask)[-3] == 1 else "per_head"
-    return _Found(sources, merged, core, inside, mask)
+    kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
+    core.masked, core.windowed = kind.get("mask", ""), kind.get("window_mask", "")
+    return _Found(sources, merged, core, inside, masks)
 
 
 def _closed(found: _Found) -> bool:
@@ -341,7 +376,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | No
     target = _free_name(gm, f"{owner}.heads" if owner else "heads")
     gm.add_submodule(target, found.core)
     with gm.graph.inserting_after(found.merged):
-        call = gm.graph.call_module(target, tuple(found.sources), {"mask": found.mask} if found.mask else {})
+        call = gm.graph.call_module(target, tuple(found.sources), dict(found.masks))
     found.merged.replace_all_uses_with(call)
     undo = []
     if found.core.fused:

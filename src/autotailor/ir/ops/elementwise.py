@@ -74,12 +74,11 @@ class SpatialPad(Elementwise):
         if t is None:
             return None
         nd = len(node_shape(node.args[0]))
-        if node.op == "call_module":
-            padded = len(a.module(node).padding) // 2
-        else:
-            pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ())
-            padded = len(pad) // 2
-        if t.axis < nd - padded:  # pads only axes after the channels
+        pad = tuple(a.module(node).padding) if node.op == "call_module" else \
+            tuple(node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ()))
+        # ``pad`` runs from the last axis backwards, two entries per axis.
+        at = 2 * (nd - 1 - t.axis)
+        if at >= len(pad) or pad[at:at + 2] == (0, 0):  # the channels are not padded (NHWC: Swin)
             return t
         a.fix(t.gid, f"{node.name} pads the channel axis")
         return None
@@ -162,6 +161,23 @@ class Permute(Elementwise):
         nd = len(node_shape(node.args[0]))
         dims = [d % nd for d in dims]
         return Track(dims.index(t.axis), t.gid)
+
+
+@register(torch.roll, "roll")
+class Roll(Elementwise):
+    """A cyclic shift (Swin's shifted windows): channels stay unless they are rolled."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        bound = bind(node, ("input", "shifts", "dims"))
+        dims, nd = bound.get("dims"), len(node_shape(node.args[0]))
+        dims = () if dims is None else (dims,) if isinstance(dims, int) else tuple(dims)
+        if dims and t.axis not in {d % nd for d in dims}:
+            return t
+        a.fix(t.gid, f"{node.name} rolls the channels")
+        return None
 
 
 @register(torch.transpose, "transpose")
