@@ -77,3 +77,38 @@ def test_config_errors_name_key_value_and_allowed(text: str, message: str) -> No
 def test_missing_config_file(tmp_path) -> None:
     with pytest.raises(at.ConfigError, match="config file not found"):
         at.load_config(tmp_path / "nope.toml")
+
+
+class _Gate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.sum() > 0 else x  # control flow on a value: torch.fx cannot trace this module
+
+
+class WithUntraceablePart(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU())
+        self.mid = nn.Sequential(nn.Conv2d(16, 32, 3), nn.BatchNorm2d(32), nn.ReLU())
+        self.gate = _Gate()
+        self.fc = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.gate(self.mid(self.stem(x))).mean((2, 3)))
+
+
+def test_a_submodule_torch_fx_cannot_trace_is_kept_whole(caplog) -> None:
+    torch.manual_seed(0)
+    model = WithUntraceablePart().eval()
+    x = torch.randn(2, 3, 16, 16)
+    sn = at.compile(model, x[:1], config="[var.global_vars]\nresolution = [16]").eval()
+    assert "torch.fx cannot trace into WithUntraceablePart; kept whole (not resized): gate" in caplog.text
+    # Only the stem's channels vary: the gate, which AutoTailor cannot see into, fixes mid's.
+    (width,) = sn.space.variables
+    assert width.kind == "width" and width.values == (4, 8, 12, 16)
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-6)
+        arch = {width.name: width.choices[0]}
+        sn.set_arch(arch)
+        assert torch.equal(sn.extract(arch)(x), sn(x))
+        gated = sn.extract(arch)
+        assert any(type(m).__name__ == "_Gate" for m in gated.modules())  # called as it is, deciding per input

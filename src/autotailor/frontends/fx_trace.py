@@ -13,22 +13,64 @@ from autotailor.errors import TraceError
 log = logging.getLogger(__name__)
 
 
+MAX_OPAQUE = 64  # submodules kept whole before tracing gives up
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's tracer, with some submodules kept whole (called, not traced into)."""
+
+    def __init__(self, opaque: set[str]):
+        super().__init__()
+        self.opaque = opaque
+
+    def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
+        return qualname in self.opaque or super().is_leaf_module(m, qualname)
+
+
 def trace(model: torch.nn.Module) -> fx.GraphModule:
     """Symbolically trace ``model`` in eval mode.
 
     Tracing in eval mode fixes Python-level branches such as ``if self.training`` to their
-    inference path, which is the function the SuperNet must reproduce.
+    inference path, which is the function the SuperNet must reproduce. A submodule whose code
+    torch.fx cannot follow (control flow on sizes or values: timm's EfficientViT and MobileViT)
+    is kept whole, as one operator AutoTailor calls but does not resize, and tracing starts
+    again; the model itself failing is a ``TraceError`` that names the construct.
     """
     if isinstance(model, fx.GraphModule):
         return model
     was_training = model.training
     model.eval()
+    opaque: set[str] = set()
+    names = {id(m): name for name, m in model.named_modules() if name}
     try:
-        return without_fixed_inputs(fx.symbolic_trace(model, concrete_args=_defaults(model)))
-    except Exception as exc:  # torch.fx raises many types (TraceError, TypeError, ...)
-        raise TraceError(_explain(model, exc)) from exc
+        while True:
+            tracer = _Tracer(opaque)
+            try:
+                graph = tracer.trace(model, concrete_args=_defaults(model))
+            except Exception as exc:  # torch.fx raises many types (TraceError, TypeError, ...)
+                culprit = _failing_submodule(exc, names)
+                if culprit is None or culprit in opaque or len(opaque) >= MAX_OPAQUE:
+                    raise TraceError(_explain(model, exc)) from exc
+                opaque.add(culprit)
+                continue
+            if opaque:
+                log.warning("torch.fx cannot trace into %s; kept whole (not resized): %s", type(model).__name__,
+                            ", ".join(sorted(opaque)))
+            return without_fixed_inputs(fx.GraphModule(tracer.root, graph, type(model).__name__))
     finally:
         model.train(was_training)
+
+
+def _failing_submodule(exc: BaseException, names: dict[int, str]) -> str | None:
+    """The qualified name of the innermost submodule whose ``forward`` was running when ``exc``
+    was raised (None if only the model's own code was)."""
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and id(owner) in names:
+            found = names[id(owner)]
+        tb = tb.tb_next
+    return found
 
 
 def _defaults(model: torch.nn.Module) -> dict[str, object] | None:
