@@ -263,3 +263,40 @@ def test_search_finalists_choose_the_most_accurate_measured_subnet(run_dir, caps
     assert "Each budget's 3 best-predicted SubNets were measured for accuracy" in report
     row = report.split(f"| {chosen[0]['budget']} |")[1].split("\n")[0].split("|")
     assert row[1].strip() == f"{100 * chosen[0]['measured_accuracy']:.2f} %"
+
+
+def test_run_runs_a_step_again_when_its_inputs_change_and_every_step_after_it(tmp_path) -> None:
+    from autotailor.pipeline.run import RunPlan, execute
+
+    calls: list[tuple[str, bool]] = []
+    names = ["compile", "tune", "profile", "search", "export"]
+
+    def plan(tune_steps: int, budgets: int) -> RunPlan:
+        tables = {"compile": 1, "tune": tune_steps, "profile": 0, "search": budgets, "export": 0}
+        return RunPlan(tmp_path / "c.toml", tmp_path / "w",
+                       [(n, {"table": tables[n]}, (lambda n: lambda again: calls.append((n, again)))(n)) for n in names])
+
+    (tmp_path / "w").mkdir()
+    execute(plan(2, 3))
+    assert calls == [(n, False) for n in names]
+    calls.clear()
+    execute(plan(2, 3))
+    assert calls == []
+    execute(plan(2, 4))  # a search setting: search and what follows it
+    assert calls == [("search", True), ("export", True)]
+    calls.clear()
+    execute(plan(5, 4))  # a tuning setting: the weights were tuned in place, so from compile on
+    assert calls == [(n, True) for n in names]
+
+
+def test_a_run_file_is_checked_whole_before_the_first_step(tmp_path) -> None:
+    config = tmp_path / "t.toml"
+    for table, message in (("[export]\nformats = ['tflite']", r"unknown export format\(s\) \['tflite'\]; allowed"),
+                           ("[tune]\nlr = -1.0", r"tune.lr = -1.0 is not allowed; expected a positive number"),
+                           ("[search]\nbudget = 3", "unknown search setting 'budget'; allowed: latency_ms"),
+                           ("[var.stage_vars]\nreduce_depth = [1]", r"reduce_depth = \[1\] is not allowed"),
+                           ("device = 'tpu'", "unknown backend 'tpu'")):
+        config.write_text("[run]\nmodel = 'torchvision:resnet18'\ndata = 'digits'\n" + table)
+        with pytest.raises(at.AutoTailorError, match=message):
+            plan_run(config, tmp_path / "w")
+        assert not (tmp_path / "w").exists()  # nothing ran

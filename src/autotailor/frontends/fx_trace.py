@@ -19,7 +19,7 @@ MAX_OPAQUE = 64  # submodules kept whole before tracing gives up
 class _Tracer(fx.Tracer):
     """torch.fx's tracer, with some submodules kept whole (called, not traced into)."""
 
-    def __init__(self, opaque: set[str]):
+    def __init__(self, opaque: frozenset[str] = frozenset()):  # a default: unpickling makes one without
         super().__init__()
         self.opaque = opaque
 
@@ -44,7 +44,7 @@ def trace(model: torch.nn.Module) -> fx.GraphModule:
     names = {id(m): name for name, m in model.named_modules() if name}
     try:
         while True:
-            tracer = _Tracer(opaque)
+            tracer = _Tracer(frozenset(opaque))
             try:
                 graph = tracer.trace(model, concrete_args=_defaults(model))
             except Exception as exc:  # torch.fx raises many types (TraceError, TypeError, ...)

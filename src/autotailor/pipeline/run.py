@@ -20,9 +20,14 @@ says what to run on, and optional tables per step (``[train]``, ``[tune]``, ``[s
     [export]
     formats = ["onnx"]
 
-Each step is a call of its step function (``pipeline.steps``) with the file's table as it is
-when the step starts. Each finished step is recorded in ``WORK/run.json`` with its time; a
-second run skips it, and an interrupted step resumes from its own checkpoint or table.
+The whole file is checked before the first step starts (every table's keys and values, the
+device, the export formats). Each step is a call of its step function (``pipeline.steps``)
+with the file's table as it is when the step starts. Each finished step is recorded in
+``WORK/run.json`` with its inputs (what it is given and its tables of the file); a second run
+skips a step whose inputs are unchanged and that no step before it had to run again, and an
+interrupted step resumes from its own checkpoint or table. When a step's inputs changed, it
+runs again, and so does every step after it; a change to ``[train]`` or ``[tune]``, which
+change the weights in place, starts again from compile.
 """
 
 from __future__ import annotations
@@ -65,15 +70,20 @@ formats = ["onnx"]
 """
 
 _RUN_KEYS: dict[str, type | tuple[type, ...]] = {"model": str, "input_size": int, "data": str, "device": str}
+# The tables of the file each step reads, besides what it is given.
+_TABLES = {"compile": ("arch", "var"), "train": ("train",), "tune": ("tune",), "profile": (),
+           "sensitivity": ("sensitivity",), "search": ("search", "sensitivity"), "export": ("export", "sensitivity")}
+_CHANGES_WEIGHTS = ("train", "tune")
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What ``autotailor run`` will do: ``steps`` as (name, what the step is given, the call)."""
+    """What ``autotailor run`` will do: ``steps`` as (name, its inputs, the call); the call takes
+    ``again``, true when the step runs again over an earlier run's results."""
 
     config: Path
     work: Path
-    steps: list[tuple[str, dict[str, Any], Callable[[], object]]]
+    steps: list[tuple[str, dict[str, Any], Callable[[bool], object]]]
 
 
 def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = True) -> RunPlan:
@@ -110,26 +120,41 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
     def settings(cls, section: str, **values: object):
         return st.step_settings(cls, section, work, config, values)
 
-    steps: list[tuple[str, dict[str, Any], Callable[[], object]]] = [
+    # Everything checked now, so that a mistake in the last table does not wait for the first steps.
+    from autotailor.compiler.config import load_config
+    from autotailor.pipeline.deployment import check_formats
+    from autotailor.predict.latency.backends.base import make_backend, parse_device
+
+    load_config(config)
+    name, options = parse_device(device)
+    make_backend(name, **options)
+    for cls, section, values in ((TuneConfig, "train", {"subnets": 1}), (TuneConfig, "tune", {}),
+                                 (EvalSettings, "sensitivity", {}), (SearchSettings, "search", {}),
+                                 (ExportSettings, "export", {})):
+        checked = settings(cls, section, **values)
+    check_formats(checked.formats)
+
+    steps: list[tuple[str, dict[str, Any], Callable[[bool], object]]] = [
         ("compile", {"model": run["model"], "input_size": run.get("input_size")},
-         lambda: st.compile_step(run["model"], work, config, run.get("input_size")))]
+         lambda again: st.compile_step(run["model"], work, config, run.get("input_size"), force=again))]
     if "train" in data:
-        steps.append(("train", {"data": data_spec}, lambda: st.tune_step(
+        steps.append(("train", {"data": data_spec}, lambda again: st.tune_step(
             work, data_spec, settings(TuneConfig, "train", subnets=1), "train", quiet=quiet)))
     steps += [
         ("tune", {"data": data_spec},
-         lambda: st.tune_step(work, data_spec, settings(TuneConfig, "tune"), "tune", quiet=quiet)),
-        ("profile", {"device": device}, lambda: st.profile_step(work, device, quiet=quiet)),
+         lambda again: st.tune_step(work, data_spec, settings(TuneConfig, "tune"), "tune", quiet=quiet)),
+        ("profile", {"device": device}, lambda again: st.profile_step(work, device, quiet=quiet)),
         ("sensitivity", {"data": data_spec},
-         lambda: st.sensitivity_step(work, data_spec, settings(EvalSettings, "sensitivity"), quiet=quiet)),
+         lambda again: st.sensitivity_step(work, data_spec, settings(EvalSettings, "sensitivity"), quiet=quiet)),
         ("search", {"device": device, "data": data_spec},
-         lambda: print("\n".join(st.describe_search(st.search_step(
+         lambda again: print("\n".join(st.describe_search(st.search_step(
              work, settings(SearchSettings, "search"), device, data=data_spec,
              evaluation=settings(EvalSettings, "sensitivity"), quiet=quiet), work)))),
         ("export", {"device": device, "data": data_spec},
-         lambda: st.export_step(work, settings(ExportSettings, "export"), data_spec,
-                                settings(EvalSettings, "sensitivity"), device)),
+         lambda again: st.export_step(work, settings(ExportSettings, "export"), data_spec,
+                                      settings(EvalSettings, "sensitivity"), device)),
     ]
+    steps = [(name, {**given, **{t: data[t] for t in _TABLES[name] if t in data}}, call) for name, given, call in steps]
     return RunPlan(config, work, steps)
 
 
@@ -146,16 +171,21 @@ def _execute(plan: RunPlan, on_step: Callable[[str, str], None] | None) -> RunRe
     from autotailor.pipeline.report import write_report
 
     record = RunRecord.read(plan.work) if RunRecord.exists(plan.work) else RunRecord(str(plan.config))
+    changed = [name for name, given, _ in plan.steps if name in record.steps and record.steps[name].settings != given]
+    if any(name in _CHANGES_WEIGHTS for name in changed):
+        changed.insert(0, "compile")  # tuned weights cannot be untuned: start from the model again
+    again = False
     for name, given, call in plan.steps:
-        if name in record.steps:
+        again = again or name in changed
+        if name in record.steps and not again:
             if on_step:
                 on_step(name, "done before")
             continue
         if on_step:
-            on_step(name, "running")
+            on_step(name, "inputs changed: running again" if again and name in record.steps else "running")
         started = time.perf_counter()
         try:
-            call()
+            call(again and name in record.steps)
         except AutoTailorError as exc:
             raise AutoTailorError(f"step {name} failed: {exc}; fix it and run again to resume from this step") from exc
         record.steps[name] = StepDone(round(time.perf_counter() - started, 2), given)
