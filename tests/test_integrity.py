@@ -148,3 +148,126 @@ def test_ctrl_c_says_how_to_resume(tmp_path) -> None:
     assert done.stderr.strip().endswith("autotailor: interrupted; run the same command to resume")
     assert "Traceback" not in done.stderr and time.perf_counter() - started < 300
     assert torch.load(tmp_path / "w" / "supernet.pt", weights_only=False)["format"].startswith("autotailor-supernet")
+
+
+def test_ordinary_mistakes_are_refused_with_one_message(work, tmp_path, capsys) -> None:
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[tune]\nlrr = 0.1\n")  # refused at compile, not baked into the work directory
+    assert main(["compile", "torchvision:resnet18", "--input-size", "32", "--config", str(typo),
+                 "--out", str(tmp_path / "t")]) == 2
+    assert "unknown tune setting 'lrr'; allowed: steps" in capsys.readouterr().err
+    assert not (tmp_path / "t" / "supernet.pt").exists()
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere is not a work directory (no compile.json)" in capsys.readouterr().err
+    assert main(["compile", "torchvision:fasterrcnn_resnet50_fpn", "--out", str(tmp_path / "d")]) == 2
+    assert "'fasterrcnn_resnet50_fpn' (it is a detection, segmentation or video model" in capsys.readouterr().err
+    assert main(["search", str(work), "--latency-ms", "-1"]) == 2
+    assert "search.latency_ms = [-1.0] is not allowed; budgets are positive numbers" in capsys.readouterr().err
+
+
+def test_silent_changes_are_said(tmp_path, caplog) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[var.global_vars]\nresolution = [64]\nwidth_ratio = [0.5]\n[var.stage_vars]\n"
+                      "reduce_depth = [-10, 0]\n[var.block_vars]\nInvertedResidualBlock.kernel_size = [3, 9]\n")
+    assert main(["compile", "torchvision:mobilenet_v2", "--input-size", "64", "--config", str(config),
+                 "--out", str(tmp_path / "w")]) == 0
+    said = caplog.text
+    assert "var.global_vars.width_ratio = [0.5] has no 1.0; the original width is always a choice" in said
+    assert "var.stage_vars.reduce_depth = [-10, 0] goes deeper than stages can drop; limited to stage" in said
+    assert ("var.block_vars.InvertedResidualBlock.kernel_size: sizes above a convolution's own kernel (3) are "
+            "left out") in said
+
+
+# -- fuzz: generated bad input through the command line -------------------------------------------------
+_VALID = {"var.global_vars": {"resolution": "[24, 32]", "width_ratio": "[0.75, 1.0]"},
+          "var.stage_vars": {"reduce_depth": "[-1, 0]", "width_ratio": "[0.5, 1.0]"},
+          "var.block_vars": {"BasicBlock.expand_ratio": "[0.5, 1.0]"},
+          "tune": {"steps": "10", "lr": "0.01"}, "search": {"budgets": "3"}, "export": {"formats": "['onnx']"}}
+_POISON = [  # (table, key, value): each is wrong
+    ("var.global_vars", "resolution", "[0]"), ("var.global_vars", "resolution", "'224'"),
+    ("var.global_vars", "resolution", "[]"), ("var.global_vars", "width_ratio", "[1.5]"),
+    ("var.global_vars", "width_ratio", "[0]"), ("var.global_vars", "width_ratio", "[true]"),
+    ("var.global_vars", "widths", "[0.5]"), ("var.stage_vars", "reduce_depth", "[1]"),
+    ("var.stage_vars", "reduce_depth", "[-1.5]"), ("var.stage_vars", "reduce_depth", "-1"),
+    ("var.block_vars", "BasicBlock.expand_ratio", "[-0.5]"), ("var.block_vars", "NoSuchBlock.expand_ratio", "[0.5]"),
+    ("var.block_vars", "BasicBlock.kernel_size", "[4]"), ("var.block_vars", "BasicBlock.depth", "[1]"),
+    ("var.block_vars", "AttentionBlock.heads_ratio", "[2.0]"), ("var.global_vars", "embed_ratio", "['x']"),
+    ("tune", "lr", "-1.0"), ("tune", "lr", "'fast'"), ("tune", "steps", "0"), ("tune", "optimizer", "'adam'"),
+    ("tune", "lrr", "0.1"), ("tune", "momentum", "1.5"), ("train", "steps", "-3"), ("search", "budgets", "-2"),
+    ("search", "latency_ms", "[-1.0]"), ("search", "latency_ms", "[0]"), ("search", "axis", "'speed'"),
+    ("search", "population", "1"), ("export", "formats", "['tflite']"), ("export", "formats", "[]"),
+    ("export", "format", "['onnx']"), ("sensitivity", "batch_size", "'big'"), ("bogus", "x", "1"),
+    ("arch", "blocks", "['NoSuchBlock']"), ("arch", "blocks", "'BasicBlock'"),
+]
+_SYNTAX = ["[var.global_vars\nresolution = [32]", "resolution = [32", "[tune]\nlr = ", "= 3", "[[tune]]\nsteps = 1"]
+
+
+def _bad_config(rng) -> str:
+    if rng.random() < 0.08:
+        return rng.choice(_SYNTAX)
+    tables: dict[str, dict[str, str]] = {}
+    for table in rng.sample(sorted(_VALID), rng.randint(0, 3)):
+        key = rng.choice(sorted(_VALID[table]))
+        tables.setdefault(table, {})[key] = _VALID[table][key]
+    table, key, value = rng.choice(_POISON)
+    tables.setdefault(table, {})[key] = value
+    return "\n".join(f"[{t}]\n" + "\n".join(f"{k} = {v}" for k, v in kv.items()) for t, kv in tables.items()) + "\n"
+
+
+def _bad_arch(rng) -> str:
+    good = {"resolution": 32, "stage1.reduce_depth": -1}
+    poison = rng.choice([("resolution", 31), ("resolution", "32"), ("nosuch.var", 1), ("stage1.reduce_depth", -5),
+                         ("stage1.reduce_depth", None), ("resolution", [32]), ("resolution", True)])
+    kind = rng.random()
+    if kind < 0.15:
+        return rng.choice(["{", "", "[1, 2]", "null", "\"max\"", "{\"resolution\": }", "3"])
+    arch = dict(rng.sample(sorted(good.items()), rng.randint(0, 2)))
+    arch[poison[0]] = poison[1]
+    return json.dumps(arch)
+
+
+def _corrupt(rng, w) -> tuple[list[str], str]:
+    """A state file of the work directory spoiled, and the command that reads it."""
+    name, command = rng.choice([("supernet.pt", ["evaluate", str(w), "--data", "digits"]),
+                                ("config.json", ["tune", str(w), "--data", "digits", "--steps", "1", "--quiet"]),
+                                ("sensitivity.json", ["search", str(w), "--latency-ms", "5"]),
+                                ("search.json", ["export", str(w)]),
+                                ("latency.sqlite", ["predict", str(w)]),
+                                ("run.json", ["report", str(w)]),
+                                ("search.json", ["report", str(w)])])
+    content = rng.choice([b"", b"\x00\xff garbage" * rng.randint(1, 50), b"{\"schema\": \"other/1\"}", b"[]",
+                          b"{\"truncated\": ", b"null"])
+    (w / name).write_bytes(content)
+    return command, name
+
+
+def test_fuzz_bad_configs_arch_files_and_state_files_end_in_one_message(work, tmp_path, capsys) -> None:
+    import random
+
+    rng = random.Random(23)
+    cases = 0
+    for i in range(120):  # configs: compile refuses each with one message
+        config = tmp_path / f"c{i}.toml"
+        config.write_text(_bad_config(rng))
+        rc = main(["compile", "torchvision:resnet18", "--input-size", "32", "--config", str(config),
+                   "--out", str(tmp_path / f"o{i}")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("autotailor: error: ") and "Traceback" not in err, (config.read_text(), err)
+        cases += 1
+    for i in range(60):  # arch files
+        arch = tmp_path / f"a{i}.json"
+        arch.write_text(_bad_arch(rng))
+        rc = main(["evaluate", str(work), "--data", "digits", "--arch", str(arch)])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("autotailor: error: ") and "Traceback" not in err, (arch.read_text(), err)
+        cases += 1
+    for i in range(30):  # spoiled state files
+        w = tmp_path / f"w{i}"
+        shutil.copytree(work, w, ignore=shutil.ignore_patterns("*.ckpt"))
+        command, name = _corrupt(rng, w)
+        rc = main(command)
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err and name in err, (command, name, err)
+        cases += 1
+        shutil.rmtree(w)
+    assert cases >= 200

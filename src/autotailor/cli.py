@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotailor.errors import AutoTailorError
+from autotailor.errors import AutoTailorError, WorkdirError
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -217,6 +217,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from autotailor.pipeline.report import write_report
 
+    if not (Path(args.work) / "compile.json").is_file():
+        raise WorkdirError(f"{args.work} is not a work directory (no compile.json); run `autotailor compile MODEL "
+                           f"--out {args.work}` or `autotailor run FILE` first")
     print(f"report: {write_report(args.work)}")
     return 0
 

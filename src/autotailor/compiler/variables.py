@@ -203,6 +203,15 @@ def numbers(where: str, key: str, value: object, kind: type, check, rule: str) -
     return tuple(sorted(set(out)))
 
 
+def ratios(where: str, key: str, value: object) -> tuple:
+    """A list of ratios in (0, 1]; 1.0 (the original model) is always a choice, said if it is missing."""
+    checked = numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
+    if 1.0 not in checked:
+        log.warning("%s: %s = %s has no 1.0; the original width is always a choice, so 1.0 is added", where, key,
+                    list(value))
+    return checked
+
+
 # -- the kinds AutoTailor ships ---------------------------------------------------------------------
 @register_kind
 class Resolution(VariableKind):
@@ -260,14 +269,20 @@ class Depth(VariableKind):
 
     def plan(self, ctx: PlanContext) -> None:
         wanted = ctx.config.choices("stage_vars", "reduce_depth")
+        clipped: dict[int, int] = {}
         for s, members in enumerate(ctx.structure.stages):
             per = layer_period([ctx.structure.blocks[b].template for b in members[1:]])
             n = (len(members) - 1) // per
             choices = tuple(sorted({max(d, -n) for d in wanted} | {0})) if n else (0,)
+            if min(wanted) < -n:
+                clipped[s] = -n
             if len(choices) > 1:
                 ctx.depth_stages.add(s)
                 ctx.variables.append(Variable(f"stage{s}.reduce_depth", "depth", choices, (f"stage{s}",), stage=s,
                                               values=tuple(d * per for d in choices) if per > 1 else ()))
+        if clipped and "reduce_depth" in ctx.config.stage_vars:
+            log.warning("var.stage_vars.reduce_depth = %s goes deeper than stages can drop; limited to %s", list(wanted),
+                        ", ".join(f"stage{s}: {d}" for s, d in clipped.items()))
 
 
 def layer_period(templates: list[str]) -> int:
@@ -310,7 +325,7 @@ class Width(VariableKind):
         return self._DEFAULTS[scope]
 
     def check(self, where: str, key: str, value: object) -> tuple:
-        return numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
+        return ratios(where, key, value)
 
     def plan(self, ctx: PlanContext) -> None:
         st, cfg = ctx.structure, ctx.config
@@ -385,6 +400,7 @@ class Kernel(VariableKind):
         return numbers(where, key, value, int, lambda v: v >= 1 and v % 2 == 1, "odd kernel sizes >= 1")
 
     def plan(self, ctx: PlanContext) -> None:
+        too_large: dict[str, set[int]] = {}
         for b in ctx.structure.blocks:
             if not b.template:
                 continue
@@ -395,12 +411,17 @@ class Kernel(VariableKind):
                     continue
                 k = conv.kernel_size[0]
                 choices = tuple(sorted({c for c in wanted if c <= k and c % 2 == 1} | {k}))
+                if max(wanted) > k and "kernel_size" in ctx.config.block_vars.get(b.template, {}):
+                    too_large.setdefault(b.template, set()).add(k)
                 if len(choices) < 2:
                     continue
                 name = ctx.name_for(f"block{b.index}.kernel_size")
                 ctx.variables.append(Variable(name, "kernel", choices, (node.name,),
                                               block=ctx.droppable_block(b.index)))
                 ctx.bindings.append(Binding(node.name, "kernel_size", name))
+        for template, kernels in too_large.items():
+            log.warning("var.block_vars.%s.kernel_size: sizes above a convolution's own kernel (%s) are left out; "
+                        "a kernel is only cropped, never grown", template, ", ".join(map(str, sorted(kernels))))
 
 
 from autotailor.compiler import kinds as _more_kinds  # noqa: E402,F401  (registers the kinds in compiler/kinds/)

@@ -25,11 +25,14 @@ def load_model(spec: str) -> torch.nn.Module | Path:
     if kind == "torchvision":
         import torchvision
 
-        try:
-            return torchvision.models.get_model(name, weights=None)
-        except ValueError as exc:
-            known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models))[:12])
-            raise ModelLoadError(f"torchvision has no classification model {name!r} (e.g. {known}, ...)") from exc
+        classifiers = sorted(torchvision.models.list_models(module=torchvision.models))
+        if name not in classifiers:
+            # Detection and segmentation builders would also download backbone weights (offline: a traceback).
+            other = name in torchvision.models.list_models()
+            raise ModelLoadError(f"torchvision has no classification model {name!r}"
+                                 + (" (it is a detection, segmentation or video model; AutoTailor compiles image "
+                                    "classifiers)" if other else "") + f"; e.g. {', '.join(classifiers[:12])}, ...")
+        return torchvision.models.get_model(name, weights=None)
     if kind == "timm":
         try:
             import timm

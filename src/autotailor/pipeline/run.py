@@ -122,17 +122,12 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
 
     # Everything checked now, so that a mistake in the last table does not wait for the first steps.
     from autotailor.compiler.config import load_config
-    from autotailor.pipeline.deployment import check_formats
     from autotailor.predict.latency.backends.base import make_backend, parse_device
 
     load_config(config)
     name, options = parse_device(device)
     make_backend(name, **options)
-    for cls, section, values in ((TuneConfig, "train", {"subnets": 1}), (TuneConfig, "tune", {}),
-                                 (EvalSettings, "sensitivity", {}), (SearchSettings, "search", {}),
-                                 (ExportSettings, "export", {})):
-        checked = settings(cls, section, **values)
-    check_formats(checked.formats)
+    st.check_step_tables(settings)
 
     steps: list[tuple[str, dict[str, Any], Callable[[bool], object]]] = [
         ("compile", {"model": run["model"], "input_size": run.get("input_size")},

@@ -39,6 +39,18 @@ class SearchSettings:
     verify: int = 0  # rounds of measuring the chosen SubNets on the device and searching again
     finalists: int = 0  # each budget's this many best-predicted SubNets measured for accuracy, the best chosen
 
+    def __post_init__(self) -> None:
+        for metric, values in self.limits().items():
+            bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf]
+            if bad:
+                raise SearchError(f"search.{metric} = {list(values)} is not allowed; budgets are positive numbers")
+        if self.axis not in METRICS:
+            raise SearchError(f"search.axis = {self.axis!r} is not allowed; expected one of {list(METRICS)}")
+        for key, low in (("budgets", 0), ("population", 2), ("generations", 1), ("beam_width", 1), ("verify", 0),
+                         ("finalists", 0)):
+            if getattr(self, key) < low:
+                raise SearchError(f"search.{key} = {getattr(self, key)} is not allowed; expected {low} or more")
+
     def evolution(self) -> EvolutionSettings:
         return EvolutionSettings(population=self.population, generations=self.generations,
                                  beam_width=self.beam_width, seed=self.seed)
@@ -52,8 +64,6 @@ class SearchSettings:
         if self.budgets < 1:
             raise SearchError("no budget given: set latency_ms, macs, params or memory_bytes, or budgets = N "
                               "(N budgets spanning the space along axis)")
-        if self.axis not in METRICS:
-            raise SearchError(f"search.axis = {self.axis!r} is not allowed; expected one of {list(METRICS)}")
         return span_budgets(objectives, self.axis, self.budgets)
 
 

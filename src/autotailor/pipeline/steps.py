@@ -34,13 +34,37 @@ def step_settings(cls: type[T], section: str, work: str | Path, config: str | Pa
     """Settings ``cls`` of ``[section]``: ``WORK/config.json``'s table, then ``config``'s, then
     ``values`` (those not None)."""
     from autotailor.compiler.config import load_config
+    from autotailor.errors import ConfigError
     from autotailor.settings import merge_settings
 
     path = Path(work) / CONFIG
-    tables = [load_config(json.loads(path.read_text())).steps.get(section, {}) if path.is_file() else {}]
+    tables = [{}]
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise ValueError(f"it holds a {type(data).__name__}, not a table")
+            tables[0] = load_config(data).steps.get(section, {})
+        except (ValueError, ConfigError) as exc:
+            raise WorkdirError(f"{path} is not the configuration compile wrote ({exc}); restore it, or compile the "
+                               "model again with --force") from exc
     if config:
         tables.append(load_config(config).steps.get(section, {}))
     return merge_settings(cls, section, *tables, {k: v for k, v in (values or {}).items() if v is not None})
+
+
+def check_step_tables(settings: Callable[..., Any]) -> None:
+    """Every step's table checked as the step will read it: ``settings(cls, section, **values)``
+    gives a step's settings (``step_settings``, or a config's own tables), each an error naming
+    the key and what is allowed; export formats against the registered backends."""
+    from autotailor.pipeline.deployment import ExportSettings, check_formats
+    from autotailor.pipeline.selection import SearchSettings
+    from autotailor.tune import TuneConfig
+
+    for cls, section, values in ((TuneConfig, "train", {"subnets": 1}), (TuneConfig, "tune", {}),
+                                 (EvalSettings, "sensitivity", {}), (SearchSettings, "search", {})):
+        settings(cls, section, **values)
+    check_formats(settings(ExportSettings, "export").formats)
 
 
 def _progress(label: str, quiet: bool, *extra):
@@ -80,6 +104,7 @@ def compile_step(model: str, out: str | Path, config: str | Path | None = None,
     (``MADE_FILES``), once the new SuperNet is compiled."""
     import autotailor as at
     from autotailor.pipeline.workdir import MADE_FILES
+    from autotailor.settings import merge_settings
 
     out = Path(out)
     used = [name for name in MADE_FILES if (out / name).exists()]
@@ -87,6 +112,7 @@ def compile_step(model: str, out: str | Path, config: str | Path | None = None,
         raise WorkdirError(f"{out} already holds a SuperNet and what was made from it ({', '.join(used)}); compile "
                            "into a new directory, or pass --force to replace it (those files are deleted)")
     cfg = at.load_config(config)
+    check_step_tables(lambda cls, section, **values: merge_settings(cls, section, cfg.steps.get(section, {}), values))
     sn = at.compile(model, torch.zeros(1, 3, input_size, input_size) if input_size else None, config=cfg)
     summary = summary_of(sn)
     out.mkdir(parents=True, exist_ok=True)

@@ -198,7 +198,6 @@ class Bundle:
     def load(cls, root: str | Path) -> "Bundle":
         root = Path(root)
         manifest = root / MANIFEST
-        check = _Checker(manifest)
         try:
             data = json.loads(manifest.read_text())
         except FileNotFoundError:
@@ -206,6 +205,12 @@ class Bundle:
                               "(written by Bundle.write)") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BundleError(f"{manifest} is not readable JSON ({exc}); write it again with Bundle.write") from exc
+        return cls._parse(root, data)
+
+    @classmethod
+    def _parse(cls, root: Path, data: Any) -> "Bundle":
+        manifest = root / MANIFEST
+        check = _Checker(manifest)
         if not isinstance(data, dict):
             raise check.fail("the top level", f"must be an object (found {type(data).__name__})")
         if data.get("schema") != SCHEMA:
@@ -232,10 +237,12 @@ class Bundle:
 
     @classmethod
     def write(cls, root: str | Path, entries: Sequence[SubNetEntry], meta: Mapping[str, Any] | None = None) -> "Bundle":
-        """Write ``entries`` as the bundle at ``root`` and return it, loaded again (so checked).
+        """Write ``entries`` as the bundle at ``root`` and return it.
 
         An entry's ``file`` (and ``extra_files``) relative to ``root`` must already be there; an
-        absolute path outside ``root`` is copied into ``root/NAME/``. ``file_mb`` is measured."""
+        absolute path outside ``root`` is copied into ``root/NAME/``. ``file_mb`` is measured.
+        The manifest is checked as ``load`` checks it before it replaces the old one, so a
+        refused write leaves the bundle as it was (files copied in stay)."""
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         rows = []
@@ -243,12 +250,13 @@ class Bundle:
             folder = "".join(c if c.isalnum() or c in "._-" else "_" for c in e.name)
             placed = [_place(root, folder, f) for f in (e.file, *e.extra_files)]
             row = dataclasses.replace(e, file=placed[0], extra_files=tuple(placed[1:])).to_dict()
-            row["file_mb"] = round(sum((root / f).stat().st_size for f in placed) / MB, 6)
+            row["file_mb"] = round(sum((root / f).stat().st_size for f in placed if (root / f).is_file()) / MB, 6)
             rows.append(row)
         doc = {"schema": SCHEMA, "meta": dict(meta or {}), "subnets": rows}
+        bundle = cls._parse(root, json.loads(json.dumps(doc)))  # as it will be read back
         with atomic_write(root / MANIFEST) as tmp:
             tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        return cls.load(root)
+        return bundle
 
     def __iter__(self) -> Iterator[SubNetEntry]:
         return iter(self.subnets)

@@ -11,7 +11,7 @@ before ``width``, which would otherwise take the same group as a plain width.
 
 from __future__ import annotations
 
-from autotailor.compiler.variables import PlanContext, VariableKind, bind_width, numbers, register_kind
+from autotailor.compiler.variables import PlanContext, VariableKind, bind_width, ratios, register_kind
 from autotailor.ir.handlers import for_module
 
 
@@ -25,7 +25,7 @@ class Embedding(VariableKind):
         return (0.5, 0.75, 1.0)
 
     def check(self, where: str, key: str, value: object) -> tuple:
-        return numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
+        return ratios(where, key, value)
 
     def plan(self, ctx: PlanContext) -> None:
         attention = {b.index for b in ctx.structure.blocks if b.template == "AttentionBlock"}

@@ -14,7 +14,7 @@ import logging
 
 import torch.nn as nn
 
-from autotailor.compiler.variables import Binding, PlanContext, Variable, VariableKind, numbers, register_kind
+from autotailor.compiler.variables import Binding, PlanContext, Variable, VariableKind, ratios, register_kind
 from autotailor.ir.ops.attention import HeadAttention
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class Heads(VariableKind):
         return (0.5, 0.75, 1.0)
 
     def check(self, where: str, key: str, value: object) -> tuple:
-        return numbers(where, key, value, float, lambda v: 0 < v <= 1, "ratios in (0, 1]")
+        return ratios(where, key, value)
 
     def plan(self, ctx: PlanContext) -> None:
         for node in ctx.gm.graph.nodes:
