@@ -271,3 +271,36 @@ def test_fuzz_bad_configs_arch_files_and_state_files_end_in_one_message(work, tm
         cases += 1
         shutil.rmtree(w)
     assert cases >= 200
+
+
+def test_data_the_model_cannot_score_and_unreadable_images_are_refused(tmp_path, capsys) -> None:
+    import numpy as np
+    import torchvision
+    from PIL import Image
+
+    import autotailor as at
+
+    sn = at.compile(torchvision.models.resnet18(num_classes=5), torch.zeros(1, 3, 32, 32),
+                    config="[var.global_vars]\nresolution = [32]")
+    (tmp_path / "five").mkdir()
+    sn.save(tmp_path / "five" / "supernet.pt")
+    assert main(["evaluate", str(tmp_path / "five"), "--data", "digits"]) == 2  # was: 10.3 % without a word
+    assert "digits has 10 classes but the model has 5 outputs" in capsys.readouterr().err
+    folder = tmp_path / "images"
+    for c in ("cat", "dog"):
+        (folder / c).mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / c / "0.png")
+    (folder / "dog" / "1.jpg").write_bytes(b"not a jpeg")
+    assert main(["evaluate", str(tmp_path / "five"), "--data", f"imagefolder:{folder}"]) == 2
+    assert f"{folder}: dog/1.jpg is not a readable image (UnidentifiedImageError" in capsys.readouterr().err
+
+
+def test_export_takes_a_budget_label_the_search_wrote(tmp_path) -> None:
+    from autotailor.pipeline.results import Chosen, SearchRecord
+
+    label = "latency_ms=0.3,macs=1e+07"
+    record = SearchRecord("ort-cpu", None, None, "latency_ms", {}, 1.0, 10, 0, 4, 0,
+                          [Chosen(label, {"latency_ms": 0.3, "macs": 1e7}, {"resolution": 32}, 0.9, {}, 0.1)])
+    assert record.pick(label)[0].budget == label
+    with pytest.raises(Exception, match=r"budget 'latency_ms=0.3,macs=2' is not understood; write one metric=value"):
+        record.pick("latency_ms=0.3,macs=2")

@@ -104,11 +104,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from autotailor.data import BatchLoader, load_data
+    from autotailor.pipeline.workdir import check_classes
     from autotailor.tune import evaluate
 
     sn = _load_work(args.work)
     arch = sn.space.complete(_read_arch(sn, args.arch))
     train, val = load_data(args.data, seed=args.seed)
+    check_classes(sn, train, args.data)
     resolution = sn.input_shape(arch)[-1]
     val_batches = list(BatchLoader(val, args.batch_size, train=False, resolution=resolution))
     calib = BatchLoader(train, args.batch_size, train=True, resolution=resolution, seed=args.seed)

@@ -101,16 +101,23 @@ def _decode(raw: bytes, size: int | None) -> np.ndarray:
         return np.asarray(img, dtype=np.uint8)
 
 
-def _assemble(items: list[tuple[str, bytes]], size: int | None, where: str) -> ArrayDataset:
+def _assemble(items: list[tuple[str, bytes, str]], size: int | None, where: str) -> ArrayDataset:
+    """``items`` as (class, encoded image, file name)."""
     if not items:
         raise DataError(f"{where} holds no images ({', '.join(IMAGE_SUFFIXES)}) in <class>/<file> folders")
-    classes = sorted({c for c, _ in items})
+    classes = sorted({c for c, _, _ in items})
     index = {c: i for i, c in enumerate(classes)}
-    images = [_decode(raw, size) for _, raw in items]
+    images = []
+    for _, raw, name in items:
+        try:
+            images.append(_decode(raw, size))
+        except Exception as exc:  # PIL raises several types for a file that is not an image
+            raise DataError(f"{where}: {name} is not a readable image ({type(exc).__name__}: {exc}); remove or "
+                            "replace it") from exc
     shapes = {im.shape for im in images}
     if len(shapes) != 1:
         raise DataError(f"{where} has images of different sizes {sorted(shapes)[:3]}; pass a size to resize them")
-    return ArrayDataset(np.stack(images), np.array([index[c] for c, _ in items], dtype=np.int64), classes)
+    return ArrayDataset(np.stack(images), np.array([index[c] for c, _, _ in items], dtype=np.int64), classes)
 
 
 def load_imagefolder_zip(path: str | Path, split: str | None = None, size: int | None = None) -> ArrayDataset:
@@ -130,7 +137,7 @@ def load_imagefolder_zip(path: str | Path, split: str | None = None, size: int |
                             continue
                         parts = parts[1:]
                     if len(parts) == 2 and parts[1].lower().endswith(IMAGE_SUFFIXES):
-                        items.append((parts[0], zf.read(name)))
+                        items.append((parts[0], zf.read(name), name))
         except zipfile.BadZipFile as exc:
             raise DataError(f"{path} is not a zip archive: {exc}") from exc
         return _assemble(items, size, str(path))
@@ -144,7 +151,7 @@ def load_imagefolder(path: str | Path, size: int | None = None) -> ArrayDataset:
     if not path.is_dir():
         raise DataError(f"image folder not found: {path}")
     files = sorted(p for p in path.glob("*/*") if p.suffix.lower() in IMAGE_SUFFIXES)
-    items = [(p.parent.name, p.read_bytes()) for p in files]
+    items = [(p.parent.name, p.read_bytes(), str(p.relative_to(path))) for p in files]
     return _assemble(items, size, str(path))
 
 

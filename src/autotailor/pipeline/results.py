@@ -123,6 +123,9 @@ class SearchRecord(Record):
 
         if name == "all":
             return self.met
+        named = [c for c in self.met if c.budget == name]  # a label as the search wrote it
+        if named:
+            return named
         if name.isdigit():
             i = int(name)
             if i < len(self.choices) and self.choices[i].arch is not None:

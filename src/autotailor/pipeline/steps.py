@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 import torch
 
 from autotailor.errors import AutoTailorError, WorkdirError
-from autotailor.pipeline.workdir import CONFIG, SENSITIVITY, EvalSettings, eval_data, load_supernet, weights_digest
+from autotailor.pipeline.workdir import (CONFIG, SENSITIVITY, EvalSettings, check_classes, eval_data, load_supernet,
+                                         weights_digest)
 
 T = TypeVar("T")
 Say = Callable[[str], None]
@@ -157,6 +158,7 @@ def tune_step(work: str | Path, data: str, config, name: str = "tune", batch_siz
     rank = _init_distributed()
     sn = load_supernet(work)
     train, _ = load_data(data, seed=config.seed)
+    check_classes(sn, train, data)
     loader = BatchLoader(train, batch_size, train=True, resolution=sn.example_shape[-1], seed=config.seed)
     tuner = Tuner(sn, loader, config, Path(work) / f"{name}.ckpt")
     if tuner.resume():
@@ -227,7 +229,7 @@ def sensitivity_step(work: str | Path, data: str, settings: EvalSettings, quiet:
     from autotailor.predict.accuracy import measure_sensitivity
 
     sn = load_supernet(work)
-    evaluation = eval_data(data, sn.example_shape[-1], settings)
+    evaluation = eval_data(data, sn.example_shape[-1], settings, sn)
     say(f"{sn.space.num_modifications} single modifications to measure on {evaluation.images} validation images "
         f"({len(evaluation.calibration)} calibration batches each)")
     with _progress("sensitivity", quiet) as progress:
@@ -259,7 +261,7 @@ def validation_data(sn, work: str | Path, data: str | None, settings: EvalSettin
     measured = {k: info[k] for k in ("validation_images", "calibration_batches", "seed") if k in info}
     merged = merge_settings(EvalSettings, "sensitivity", vars(settings) | measured,
                             {k: v for k, v in (overrides or {}).items() if v is not None})
-    return eval_data(spec, sn.example_shape[-1], merged)
+    return eval_data(spec, sn.example_shape[-1], merged, sn)
 
 
 # -- search ------------------------------------------------------------------------------------------

@@ -124,14 +124,30 @@ class EvalData:
         return info
 
 
-def eval_data(spec: str, resolution: int, settings: EvalSettings = EvalSettings()) -> EvalData:
+def check_classes(sn, data, spec: str) -> None:
+    """Refuse ``data`` (an ``ArrayDataset`` of ``spec``) with more classes than ``sn`` has outputs:
+    its labels would index past the model's scores, and accuracies would mean nothing."""
+    from autotailor.errors import DataError
+    from autotailor.ir.shapes import run_meta
+
+    outputs = run_meta(sn.net, torch.empty(sn.input_shape(), device="meta")).shape[-1]
+    if len(data.classes) > outputs:
+        raise DataError(f"{spec} has {len(data.classes)} classes but the model has {outputs} outputs; compile a "
+                        f"model with at least {len(data.classes)} outputs (its classifier), or use data with at most "
+                        f"{outputs} classes")
+
+
+def eval_data(spec: str, resolution: int, settings: EvalSettings = EvalSettings(), sn=None) -> EvalData:
     """A random sample of ``validation_images`` of the validation split (under ``seed``) and
-    ``calibration_batches`` augmented training batches, the same on every call with the same arguments."""
+    ``calibration_batches`` augmented training batches, the same on every call with the same
+    arguments; with ``sn``, data with more classes than it has outputs is refused."""
 
     from autotailor.data import BatchLoader, load_data
 
     s = settings
     train, val = load_data(spec, seed=s.seed)
+    if sn is not None:
+        check_classes(sn, train, spec)
     sampled = s.validation_images < len(val)
     val = val.sample(s.validation_images, s.seed)
     calib = BatchLoader(train, s.batch_size, train=True, resolution=resolution, seed=s.seed)

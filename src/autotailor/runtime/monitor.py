@@ -302,7 +302,7 @@ class Monitor:
         c0 = time.thread_time()
         slowdown = latency_ms / entry.latency_ms
         self.history.append(Observation(time.time(), entry.name, latency_ms, slowdown))
-        self.forecast.update(slowdown)
+        self.forecast.update(slowdown, entry.latency_ms)
         self._cpu_s += time.thread_time() - c0
         return slowdown
 

@@ -200,8 +200,10 @@ class Reactive(_Stepping):
 @register_policy("forecast")
 class Forecast(_Stepping):
     """AdaScale's proactive choice: the most accurate SubNet whose manifest latency times the
-    forecast's upper bound of the slowdown meets the goal (see ``forecast.py``). The bound
-    rises as soon as observations disagree with the forecast, before their mean has moved."""
+    forecast's upper bound of the slowdown meets the goal: the larger of the last 20
+    inferences' time-weighted mean slowdown (the inverse of the CPU share we get, which holds
+    for every SubNet) and their 90th percentile (see ``forecast.py``). Unlike ``reactive``, it
+    plans for the share and the slow tail, not the median of the current SubNet alone."""
 
     def choose(self, subnets, goal, state):
         bound = state.forecast.upper

@@ -58,7 +58,11 @@ def parse_budget_label(text: str) -> tuple[str, float]:
         metric, _, value = text.partition("=")
         if metric not in METRICS:
             raise SearchError(f"unknown metric {metric!r} in {text!r}; constrainable metrics: {list(METRICS)}")
-        return metric, float(value)
+        try:
+            return metric, float(value)
+        except ValueError:
+            raise SearchError(f"budget {text!r} is not understood; write one metric=value (latency_ms=8), or a label "
+                              "the search wrote") from None
     m = _PICK.match(text)
     if not m or m.group(2).lower() not in _SUFFIX:
         raise SearchError(f"budget {text!r} is not understood; write e.g. 8ms, 300mmacs, 2mparams, 4mb or latency_ms=8")
