@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import logging
 
-import torch.nn as nn
-
 from autotailor.compiler.variables import Binding, PlanContext, Variable, VariableKind, ratios, register_kind
+from autotailor.ir.handlers import for_module
 from autotailor.ir.ops.attention import HeadAttention
 
 log = logging.getLogger(__name__)
@@ -41,8 +40,8 @@ class Heads(VariableKind):
             # Per-head tables (role "param") are reordered with the heads, not sliced.
             members = [(g, m) for g in groups for m in g.members if m.node != node.name and m.role != "param"]
             why = next((g.fixed for g in groups if g.fixed), None) or next(
-                (f"{m.node} is not a linear layer" for _, m in members
-                 if not isinstance(ctx.gm.get_submodule(ctx.nodes[m.node].target), nn.Linear)), None)
+                (f"{m.node} cannot be sliced" for _, m in members if ctx.nodes[m.node].op != "call_module"
+                 or for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).dynamic is None), None)
             if why is not None:
                 log.info("%s keeps its %d heads: %s", node.name, core.num_heads, why)
                 continue
@@ -58,5 +57,6 @@ class Heads(VariableKind):
             ctx.reorder.append(groups)
             ctx.bindings.append(Binding(node.name, "num_heads", name))
             for g, m in members:
-                field = "in_features" if m.role == "in" else "out_features"
-                ctx.bindings.append(Binding(m.node, field, name, unit=g.granularity))
+                in_field, out_field = for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).dynamic.group_fields
+                fields = {in_field} if m.role == "in" else {out_field} if m.role == "out" else {in_field, out_field}
+                ctx.bindings += [Binding(m.node, f, name, unit=g.granularity) for f in sorted(fields)]

@@ -61,7 +61,9 @@ class HeadAttention(nn.Module):
     def _attend(self, q, k, v, mask, window_mask, h: int) -> torch.Tensor:
         b, n = q.shape[0], q.shape[1]
         if self.fused:
-            q, k, v = q.reshape(b, n, h, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
+            d = self.head_dim
+            parts = q.reshape(b, n, h, 2 * d + self.v_dim).split([d, d, self.v_dim], -1)
+            q, k, v = parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)
         else:
             q = q.reshape(b, n, h, self.head_dim).transpose(1, 2)
             k = k.reshape(b, k.shape[1], h, self.head_dim).transpose(1, 2)
@@ -123,7 +125,7 @@ class HeadAttentionHandler(OpHandler):
     def channels(self, a, node: fx.Node) -> Track | None:
         core = a.module(node)
         inputs = [x for x in node.args if isinstance(x, fx.Node)]
-        per_head = [3 * core.head_dim] if core.fused else [core.head_dim, core.head_dim, core.v_dim]
+        per_head = [2 * core.head_dim + core.v_dim] if core.fused else [core.head_dim, core.head_dim, core.v_dim]
         for x, size in zip(inputs, per_head):
             t = a.track(x)
             if t is None:
@@ -187,7 +189,7 @@ def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
 
 
 # -- recognition ------------------------------------------------------------------------------------
-_VIEW_METHODS = {"reshape", "view", "permute", "transpose", "unbind", "contiguous", "flatten"}
+_VIEW_METHODS = {"reshape", "view", "permute", "transpose", "unbind", "contiguous", "flatten", "split"}
 _VIEW_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.unbind, torch.flatten, operator.getitem}
 
 
@@ -207,15 +209,28 @@ class _Found:
     core: HeadAttention
     inside: set[fx.Node]  # nodes the operator replaces
     masks: dict[str, fx.Node] = field(default_factory=dict)  # keyword -> node
+    qkv_major: bool = False  # a fused projection's rows are [q, k, v][head]: made head-major
+
+
+def _projection(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A Linear's output, or LeViT's Linear + BatchNorm over tokens (``bn(y.flatten(0, 1)).reshape_as(y)``)."""
+    if isinstance(_module(gm, node), nn.Linear):
+        return True
+    if not _is(node, {"reshape_as"}):
+        return False
+    bn, y = node.args[:2]
+    flat = bn.args[0] if isinstance(_module(gm, bn), nn.BatchNorm1d) else None
+    return _is(flat, {"flatten"}) and flat.args[0] is y and tuple(flat.args[1:3]) == (0, 1) and \
+        isinstance(_module(gm, y), nn.Linear)
 
 
 def _trace_back(gm: fx.GraphModule, node: fx.Node, dim: int, inside: set[fx.Node]) -> tuple[fx.Node | None, nn.Module | None]:
-    """The projection (a Linear's node) that ``node``, one head's q, k or v, is split from, and the
-    per-head norm on the way (a LayerNorm over ``dim`` features), if any."""
+    """The projection that ``node``, one head's q, k or v, is split from (``_projection``), and
+    the per-head norm on the way (a LayerNorm over ``dim`` features), if any."""
     norm = None
     while True:
         mod = _module(gm, node)
-        if isinstance(mod, nn.Linear):
+        if _projection(gm, node):
             return node, norm
         if _is_view(node):
             inside.add(node)
@@ -285,10 +300,10 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     if _is(q, {operator.mul}) and isinstance(q.args[1], float) and scale == 1.0:
         inside.add(q)
         q, scale = q.args[0], q.args[1]
-    if not (_is(kt, {"transpose", torch.transpose}) and {a % 4 for a in kt.args[1:3]} == {2, 3}):
-        return None
-    inside.add(kt)
-    return _assemble(gm, q, kt.args[0], product.args[1], masks, scale, product, inside)
+    if _is(kt, {"transpose", torch.transpose}) and {a % 4 for a in kt.args[1:3]} == {2, 3}:
+        inside.add(kt)
+        return _assemble(gm, q, kt.args[0], product.args[1], masks, scale, product, inside)
+    return _assemble(gm, q, kt, product.args[1], masks, scale, product, inside, k_transposed=True)  # LeViT
 
 
 def _window_add(scores: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
@@ -308,12 +323,15 @@ def _window_add(scores: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | 
 
 
 def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dict[str, fx.Node],
-              scale: float | None, out: fx.Node, inside: set[fx.Node]) -> _Found | None:
-    """The attention with per-head ``q``, ``k``, ``v`` (B, heads, N, dim) whose result is ``out``:
-    its projections, the heads merged again, and the operator that replaces it all."""
+              scale: float | None, out: fx.Node, inside: set[fx.Node], k_transposed: bool = False) -> _Found | None:
+    """The attention with per-head ``q``, ``k``, ``v`` (B, heads, N, dim; ``k`` (B, heads, dim, N)
+    if ``k_transposed``) whose result is ``out``: its projections, the heads merged again, and the
+    operator that replaces it all."""
     shapes = [node_shape(x) for x in (q, k, v)]
     if any(s is None or len(s) != 4 for s in shapes):
         return None
+    if k_transposed:
+        shapes[1] = (*shapes[1][:2], shapes[1][3], shapes[1][2])
     (b, heads, n, d), (_, _, m, _), (_, _, _, dv) = shapes
     if not all(isinstance(m, fx.Node) and (node_shape(m) or ())[-3:-2] in ((1,), (heads,)) for m in masks.values()):
         return None
@@ -322,9 +340,16 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     if any(s is None for s in sources) or found[2][1] is not None:
         return None
     fused = len(set(sources)) == 1
+    qkv_major = False
     if fused:
         sources = sources[:1]
-        if d != dv or node_shape(sources[0])[-1] != 3 * heads * d or n != m:
+        split = [node_shape(u) for u in sources[0].users]
+        # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d)) are put head-major
+        # below; LeViT's are [head][q, k, v] already (view(B, N, H, -1)).
+        qkv_major = len(split) == 1 and len(split[0]) == 5 and split[0][2:4] == (3, heads) and d == dv and \
+            isinstance(_module(gm, sources[0]), nn.Linear)
+        head_major = len(split) == 1 and len(split[0]) == 4 and split[0][2] == heads
+        if not (qkv_major or head_major) or node_shape(sources[0])[-1] != heads * (2 * d + dv) or n != m:
             return None
     elif len(set(sources)) != 3 or [node_shape(s)[-1] for s in sources] != [heads * d, heads * d, heads * dv]:
         return None
@@ -338,7 +363,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1])
     kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
     core.masked, core.windowed = kind.get("mask", ""), kind.get("window_mask", "")
-    return _Found(sources, merged, core, inside, masks)
+    return _Found(sources, merged, core, inside, masks, qkv_major)
 
 
 def _closed(found: _Found) -> bool:
@@ -372,14 +397,15 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | No
     found = _find_sdpa(gm, node) if node.target is F.scaled_dot_product_attention else _find_softmax(gm, node)
     if found is None or not _closed(found):
         return None
-    owner = found.sources[0].target.rpartition(".")[0]
+    first = found.sources[0]
+    owner = (first if first.op == "call_module" else first.args[1]).target.rpartition(".")[0]
     target = _free_name(gm, f"{owner}.heads" if owner else "heads")
     gm.add_submodule(target, found.core)
     with gm.graph.inserting_after(found.merged):
         call = gm.graph.call_module(target, tuple(found.sources), dict(found.masks))
     found.merged.replace_all_uses_with(call)
     undo = []
-    if found.core.fused:
+    if found.qkv_major:
         lin = gm.get_submodule(found.sources[0].target)
         undo.append(_head_major(lin, found.core.num_heads))
     return undo

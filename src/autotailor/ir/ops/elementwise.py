@@ -145,6 +145,8 @@ class Flatten(Elementwise):
             return t
         if t.axis < start:
             return t
+        if t.axis > end:  # axes before the channels merged (tokens of a batch: LeViT's BatchNorm)
+            return Track(t.axis - (end - start), t.gid)
         a.fix(t.gid, f"{node.name} flattens the channels together with other axes")
         return None
 
@@ -218,6 +220,19 @@ def reshape_sizes(node: fx.Node) -> tuple:
     if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
         sizes = sizes[0]
     return tuple(sizes or node.kwargs.get("shape", ()))
+
+
+@register("reshape_as", "view_as")
+class ReshapeAs(Elementwise):
+    """``x.reshape_as(other)`` where both hold the same channels (LeViT: a BatchNorm's output
+    back to its linear layer's shape): one group, on ``other``'s channel axis."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t, o = a.track(node.args[0]), a.track(node.args[1])
+        if t is None or o is None or node_shape(node.args[0])[t.axis] != node_shape(node.args[1])[o.axis]:
+            a.fix_inputs(node, f"{node.name} reshapes the channels like a tensor the compiler does not track")
+            return None
+        return Track(o.axis, a.union(t.gid, o.gid, node.name))
 
 
 @register("expand")

@@ -1,4 +1,4 @@
-"""Normalisations: ``nn.BatchNorm2d`` and ``nn.LayerNorm`` slice their per-channel tensors;
+"""Normalisations: ``nn.BatchNorm2d``, ``nn.BatchNorm1d`` and ``nn.LayerNorm`` slice their per-channel tensors;
 other norms are known for their structure and shape only, and fix their channels."""
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ class NormSpec:
     num_features: int
 
 
-class DynBatchNorm2d(Operator, nn.BatchNorm2d):
-    """BatchNorm2d over the first ``num_features`` channels; running statistics are shared slices."""
+class _SlicedBatchNorm(Operator):
+    """A BatchNorm (``_layer``) over the first ``num_features`` channels; running statistics are
+    shared slices."""
 
     group_fields = ("num_features", "num_features")
+    _layer: type[nn.modules.batchnorm._BatchNorm]
 
     def _meta_spec(self) -> NormSpec:
         return NormSpec(self.num_features)
@@ -32,7 +34,7 @@ class DynBatchNorm2d(Operator, nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.feature.active.num_features
         if k == self.num_features:
-            return nn.BatchNorm2d.forward(self, x)
+            return self._layer.forward(self, x)
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
         momentum = self.momentum
@@ -53,9 +55,9 @@ class DynBatchNorm2d(Operator, nn.BatchNorm2d):
     def infer(self, shape: Shape) -> Shape:
         return shape
 
-    def build(self) -> nn.BatchNorm2d:
+    def build(self) -> nn.modules.batchnorm._BatchNorm:
         k = self.feature.active.num_features
-        bn = nn.BatchNorm2d(k, self.eps, self.momentum, self.affine, self.track_running_stats)
+        bn = self._layer(k, self.eps, self.momentum, self.affine, self.track_running_stats)
         with torch.no_grad():
             for name in ("weight", "bias", "running_mean", "running_var"):
                 src = getattr(self, name)
@@ -64,6 +66,16 @@ class DynBatchNorm2d(Operator, nn.BatchNorm2d):
             if self.num_batches_tracked is not None:
                 bn.num_batches_tracked.copy_(self.num_batches_tracked)
         return bn
+
+
+class DynBatchNorm2d(_SlicedBatchNorm, nn.BatchNorm2d):
+    _layer = nn.BatchNorm2d
+
+
+class DynBatchNorm1d(_SlicedBatchNorm, nn.BatchNorm1d):
+    """On (N, C) or (N, C, L): LeViT's Linear + BatchNorm over tokens."""
+
+    _layer = nn.BatchNorm1d
 
 
 class DynLayerNorm(Operator, nn.LayerNorm):
@@ -141,6 +153,12 @@ class BatchNorm2dHandler(_PerChannel):
         return 0, 2 * out[1]
 
 
+@register(nn.BatchNorm1d)
+class BatchNorm1dHandler(BatchNorm2dHandler):
+    dynamic = DynBatchNorm1d
+    kind_name = "batchnorm1d"
+
+
 @register(nn.LayerNorm)
 class LayerNormHandler(_PerChannel):
     dynamic = DynLayerNorm
@@ -162,13 +180,13 @@ class LayerNormHandler(_PerChannel):
         return 0, 2 * out[-1]
 
 
-@register(nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.BatchNorm1d)
+@register(nn.modules.batchnorm._BatchNorm, nn.GroupNorm)
 class OtherNorm(Default):
-    """Norms without a dynamic version (BatchNorm1d/3d, GroupNorm): they fix their channels
-    and count their own parameters; their output has their input's shape. The 1-D BatchNorm
-    and GroupNorm close a dense layer as BatchNorm2d does (block parsing)."""
+    """Norms without a dynamic version (BatchNorm3d, GroupNorm): they fix their channels and
+    count their own parameters; their output has their input's shape. GroupNorm closes a dense
+    layer as BatchNorm2d does (block parsing)."""
 
     same_shape = True
 
     def structure(self, module: nn.Module) -> str:
-        return "norm" if isinstance(module, (nn.GroupNorm, nn.BatchNorm1d)) else "other"
+        return "norm" if isinstance(module, nn.GroupNorm) else "other"
