@@ -212,6 +212,20 @@ def ratios(where: str, key: str, value: object) -> tuple:
     return checked
 
 
+class RatioKind(VariableKind):
+    """A kind configured by ratios of the model's own size (1.0 always a choice), ``DEFAULT`` in
+    every scope, that scales tensor dimensions."""
+
+    DEFAULT: ClassVar[tuple[float, ...]] = (0.5, 0.75, 1.0)
+    probe_shapes = True
+
+    def default(self, scope: str) -> tuple:
+        return self.DEFAULT
+
+    def check(self, where: str, key: str, value: object) -> tuple:
+        return ratios(where, key, value)
+
+
 # -- the kinds AutoTailor ships ---------------------------------------------------------------------
 @register_kind
 class Resolution(VariableKind):

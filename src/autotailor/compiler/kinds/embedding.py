@@ -11,21 +11,14 @@ before ``width``, which would otherwise take the same group as a plain width.
 
 from __future__ import annotations
 
-from autotailor.compiler.variables import PlanContext, VariableKind, bind_width, ratios, register_kind
+from autotailor.compiler.variables import PlanContext, RatioKind, bind_width, register_kind
 from autotailor.ir.handlers import for_module
 
 
 @register_kind(before="width")
-class Embedding(VariableKind):
+class Embedding(RatioKind):
     name = "embedding"
     settings = {"global_vars": "embed_ratio", "stage_vars": "embed_ratio"}
-    probe_shapes = True
-
-    def default(self, scope: str) -> tuple:
-        return (0.5, 0.75, 1.0)
-
-    def check(self, where: str, key: str, value: object) -> tuple:
-        return ratios(where, key, value)
 
     def plan(self, ctx: PlanContext) -> None:
         attention = {b.index for b in ctx.structure.blocks if b.template == "AttentionBlock"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from autotailor.compiler.variables import Binding, PlanContext, Variable, VariableKind, ratios, register_kind
+from autotailor.compiler.variables import Binding, PlanContext, RatioKind, Variable, register_kind
 from autotailor.ir.handlers import for_module
 from autotailor.ir.ops.attention import HeadAttention
 
@@ -20,16 +20,9 @@ log = logging.getLogger(__name__)
 
 
 @register_kind
-class Heads(VariableKind):
+class Heads(RatioKind):
     name = "heads"
     settings = {"block_vars": "heads_ratio"}
-    probe_shapes = True
-
-    def default(self, scope: str) -> tuple:
-        return (0.5, 0.75, 1.0)
-
-    def check(self, where: str, key: str, value: object) -> tuple:
-        return ratios(where, key, value)
 
     def plan(self, ctx: PlanContext) -> None:
         for node in ctx.gm.graph.nodes:
