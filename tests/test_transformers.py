@@ -228,3 +228,21 @@ def test_levit_attention_with_batchnorm_projections_and_per_head_biases() -> Non
         arch = {name: choices[0] for name, choices in heads.items()}
         sn.set_arch(arch)
         assert torch.equal(sn.extract(arch)(x), sn(x))
+
+
+def test_attention_kernels_are_enumerated_per_head_count_and_costs_are_counted_exactly() -> None:
+    from autotailor.predict.latency import CostModel, KernelPlan
+
+    sn = at.compile(timm_vit(), torch.randn(1, 3, 32, 32), config=CONFIG).eval()
+    plan = KernelPlan(sn, "ort-cpu")
+    attention = [k.signature for k in plan.kernels if k.signature.startswith("attention")]
+    # One kernel per head count (2, 3, 4 heads of 12 dims, fused q/k/v in, merged heads out), the
+    # same in every layer: 17 tokens (16 patches and the class token).
+    assert sorted(s.split(" | ")[1:3] for s in attention) == [["in (1, 17, 108)", "out (1, 17, 36)"],
+                                                               ["in (1, 17, 144)", "out (1, 17, 48)"],
+                                                               ["in (1, 17, 72)", "out (1, 17, 24)"]]
+    costs = CostModel(KernelPlan(sn, "none"))
+    for seed in range(3):
+        arch = sn.space.sample(seed)
+        net = sn.extract(arch)
+        assert costs.costs(arch).params == sum(p.numel() for p in net.parameters())
