@@ -1,15 +1,17 @@
 """Multi-head attention: what lies between the q/k/v projections and the output projection,
 found by topology and made one operator whose heads can be dropped.
 
-Models write attention in many ways: timm splits a fused qkv projection with
-``reshape``/``permute``/``unbind`` and calls ``scaled_dot_product_attention``, torchvision
-calls ``nn.MultiheadAttention``. ``recognise_attention`` finds each of them by what it computes
+Models write attention in many ways: timm's ViT splits a fused qkv projection with
+``reshape``/``permute``/``unbind`` and calls ``scaled_dot_product_attention``; its Swin writes
+``softmax(q @ k^T * scale + bias) @ v`` with a per-window mask; LeViT splits a Linear +
+BatchNorm projection head-major into keys and values of different widths; torchvision calls
+``nn.MultiheadAttention``. ``recognise_attention`` finds each of them by what it computes
 (projections whose outputs are split into heads, attention over them, heads merged again)
 and replaces it by ``HeadAttention`` reading the projections' outputs, so that every later
-pass sees one operator. A fused qkv projection's rows are reordered head-major
-(``[head][q, k, v][dim]``), so the first ``h`` heads are its first ``3 * h * dim`` rows: a
-leading slice, like every other width. The rewrite is checked on the example input and
-undone if the model's output changes.
+pass sees one operator. A fused projection's rows are made head-major
+(``[head][q, k, v][dim]``), so the first ``h`` heads are its leading rows: a leading slice,
+like every other width. The rewrite is checked on the example input and undone if the model's
+output changes.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.frontends import without_fixed_inputs
-from autotailor.ir.graph import node_shape, set_attr
+from autotailor.ir.graph import carries_tensors, node_shape, set_attr
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
 
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 class HeadAttention(nn.Module):
     """Scaled dot-product attention from projected tokens to merged heads.
 
-    ``fused``: one input of shape (B, N, heads * 3 * head_dim), head-major; otherwise q
+    ``fused``: one input of shape (B, N, heads * (2 * head_dim + v_dim)), head-major; otherwise q
     (B, N, heads * head_dim), k (B, M, heads * head_dim) and v (B, M, heads * v_dim). Returns
     (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask`` is an
     additive bias computed outside (Swin's relative positions), ``window_mask`` one more per
@@ -174,10 +176,14 @@ def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
     """The parameters the masks of ``node`` are computed from that have one axis of the attention's
     head count: (their ``get_attr`` node, that axis)."""
     heads = node.graph.owning_module.get_submodule(node.target).num_heads
+    flow: set[fx.Node] = set()  # tensors computed from the input: the parameters they read are no tables
+    for n in node.graph.nodes:
+        if n.op == "placeholder" or (carries_tensors(n) and any(a in flow for a in n.all_input_nodes)):
+            flow.add(n)
     found, stack, seen = [], [m for m in node.kwargs.values() if isinstance(m, fx.Node)], set()
     while stack:
         n = stack.pop()
-        if n in seen:
+        if n in seen or n in flow:
             continue
         seen.add(n)
         if n.op == "get_attr":
