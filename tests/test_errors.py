@@ -112,3 +112,29 @@ def test_a_submodule_torch_fx_cannot_trace_is_kept_whole(caplog) -> None:
         assert torch.equal(sn.extract(arch)(x), sn(x))
         gated = sn.extract(arch)
         assert any(type(m).__name__ == "_Gate" for m in gated.modules())  # called as it is, deciding per input
+
+
+def halve_if_even(x: torch.Tensor) -> torch.Tensor:
+    return x / 2 if x.shape[-1] % 2 == 0 else x  # control flow on a size: torch.fx cannot trace this function
+
+
+class CallsUntraceableFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(halve_if_even(self.conv(x)).mean((2, 3)))
+
+
+def test_a_function_torch_fx_cannot_trace_is_kept_whole(caplog) -> None:
+    torch.manual_seed(0)
+    model = CallsUntraceableFunction().eval()
+    sn = at.compile(model, torch.randn(1, 3, 16, 16), config="[var.global_vars]\nresolution = [15, 16]").eval()
+    assert "kept whole (not resized): test_errors.halve_if_even()" in caplog.text
+    with torch.no_grad():
+        for r in (15, 16):  # the function still decides per input size
+            sn.set_arch({"resolution": r})
+            x = torch.randn(2, 3, r, r)
+            assert torch.allclose(sn(x), model(x), atol=1e-6) and torch.equal(sn.extract({"resolution": r})(x), sn(x))

@@ -246,3 +246,19 @@ def test_attention_kernels_are_enumerated_per_head_count_and_costs_are_counted_e
         arch = sn.space.sample(seed)
         net = sn.extract(arch)
         assert costs.costs(arch).params == sum(p.numel() for p in net.parameters())
+
+
+def test_a_vit_that_resamples_its_position_embedding_gets_resolution_and_embedding() -> None:
+    # timm's dynamic_img_size: the resampling function is kept whole, the embedding sliced through it.
+    torch.manual_seed(0)
+    model = timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4,
+                                          num_classes=10, dynamic_img_size=True).eval()
+    sn = at.compile(model, torch.randn(1, 3, 32, 32), config="[var.global_vars]\nresolution = [16, 24, 32]").eval()
+    assert sn.space["resolution"].choices == (16, 24, 32) and sn.space["embed_ratio"].values == (24, 36, 48)
+    with torch.no_grad():
+        for arch in ({"resolution": 16}, {"resolution": 24, "embed_ratio": 0.5}):
+            sn.set_arch(arch)
+            x = torch.randn(2, 3, arch["resolution"], arch["resolution"])
+            assert torch.equal(sn.extract(arch)(x), sn(x))
+            if "embed_ratio" not in arch:
+                assert torch.allclose(sn(x), model(x), atol=1e-5)

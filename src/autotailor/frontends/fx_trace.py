@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -17,10 +18,11 @@ MAX_OPAQUE = 64  # submodules kept whole before tracing gives up
 
 
 class _Tracer(fx.Tracer):
-    """torch.fx's tracer, with some submodules kept whole (called, not traced into)."""
+    """torch.fx's tracer, with some submodules and functions kept whole (called, not traced into)."""
 
-    def __init__(self, opaque: frozenset[str] = frozenset()):  # a default: unpickling makes one without
-        super().__init__()
+    # Defaults: unpickling a traced model makes one without arguments.
+    def __init__(self, opaque: frozenset[str] = frozenset(), functions: tuple[Callable, ...] = ()):
+        super().__init__(autowrap_functions=functions)
         self.opaque = opaque
 
     def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
@@ -31,46 +33,60 @@ def trace(model: torch.nn.Module) -> fx.GraphModule:
     """Symbolically trace ``model`` in eval mode.
 
     Tracing in eval mode fixes Python-level branches such as ``if self.training`` to their
-    inference path, which is the function the SuperNet must reproduce. A submodule whose code
-    torch.fx cannot follow (control flow on sizes or values: timm's EfficientViT and MobileViT)
-    is kept whole, as one operator AutoTailor calls but does not resize, and tracing starts
-    again; the model itself failing is a ``TraceError`` that names the construct.
+    inference path, which is the function the SuperNet must reproduce. A submodule or a public
+    library function whose code torch.fx cannot follow (control flow on sizes or values: timm's
+    EfficientViT and MobileViT, its position-embedding resampling) is kept whole, as one
+    operator AutoTailor calls but does not resize, and tracing starts again; the model's own
+    code failing is a ``TraceError`` that names the construct.
     """
     if isinstance(model, fx.GraphModule):
         return model
     was_training = model.training
     model.eval()
     opaque: set[str] = set()
+    functions: list[Callable] = []
     names = {id(m): name for name, m in model.named_modules() if name}
     try:
         while True:
-            tracer = _Tracer(frozenset(opaque))
+            tracer = _Tracer(frozenset(opaque), tuple(functions))
             try:
                 graph = tracer.trace(model, concrete_args=_defaults(model))
             except Exception as exc:  # torch.fx raises many types (TraceError, TypeError, ...)
-                culprit = _failing_submodule(exc, names)
-                if culprit is None or culprit in opaque or len(opaque) >= MAX_OPAQUE:
+                culprit = _culprit(exc, names)
+                if culprit is None or culprit in opaque or culprit in functions or \
+                        len(opaque) + len(functions) >= MAX_OPAQUE:
                     raise TraceError(_explain(model, exc)) from exc
-                opaque.add(culprit)
+                (opaque.add if isinstance(culprit, str) else functions.append)(culprit)
                 continue
-            if opaque:
+            kept = sorted(opaque) + [f"{f.__module__}.{f.__name__}()" for f in functions]
+            if kept:
                 log.warning("torch.fx cannot trace into %s; kept whole (not resized): %s", type(model).__name__,
-                            ", ".join(sorted(opaque)))
+                            ", ".join(kept))
             return without_fixed_inputs(fx.GraphModule(tracer.root, graph, type(model).__name__))
     finally:
         model.train(was_training)
 
 
-def _failing_submodule(exc: BaseException, names: dict[int, str]) -> str | None:
-    """The qualified name of the innermost submodule whose ``forward`` was running when ``exc``
-    was raised (None if only the model's own code was)."""
+def _culprit(exc: BaseException, names: dict[int, str]) -> str | Callable | None:
+    """What was running, innermost, when ``exc`` was raised: a module-level function of the
+    model's library (timm's ``resample_abs_pos_embed``), or the qualified name of a submodule
+    whose ``forward`` was; None if only the model's own code was."""
     tb, found = exc.__traceback__, None
     while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
+        frame = tb.tb_frame
+        owner = frame.f_locals.get("self")
+        fn = frame.f_globals.get(frame.f_code.co_name)
         if isinstance(owner, torch.nn.Module) and id(owner) in names:
             found = names[id(owner)]
+        elif getattr(fn, "__code__", None) is frame.f_code and not _ours(frame.f_code.co_filename):
+            found = fn
         tb = tb.tb_next
     return found
+
+
+def _ours(filename: str) -> bool:
+    """Code of torch or AutoTailor, never kept whole (the tracer's own frames)."""
+    return "/torch/" in filename or "autotailor" in filename
 
 
 def _defaults(model: torch.nn.Module) -> dict[str, object] | None:
