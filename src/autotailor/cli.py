@@ -411,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", help="work directory (default: the config's path without .toml)")
     p.set_defaults(func=cmd_run)
 
+    from autotailor.agent.__main__ import add_arguments as add_agent_arguments, run as run_agent
+
+    p = sub.add_parser("agent", help="on a device: serve measurements of model files to a host (docs/agent.md)")
+    add_agent_arguments(p)
+    p.set_defaults(func=run_agent)
+
     p = sub.add_parser("demo", help="the whole pipeline on an embedded default, offline, in minutes")
     p.add_argument("--out", default="autotailor-demo")
     p.set_defaults(func=cmd_demo)

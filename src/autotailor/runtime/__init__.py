@@ -15,11 +15,11 @@ and forecast, Mistify's plug-in policies). Needs numpy and onnxruntime, never to
 - ``runtime``: :class:`Runtime`, :class:`InferenceRecord`
 - ``load``: :class:`LoadHarness`, :class:`CpuSchedule`, :class:`ArrivalTrace`, :func:`run_trace`
 
-Errors (``_errors``; to move into ``autotailor.errors``): :class:`BundleError`,
+Errors (in ``autotailor.errors``): :class:`BundleError`,
 :class:`ServingError`, :class:`PolicyError`, :class:`LoadHarnessError`, all :class:`AutoTailorError`.
 """
 
-from autotailor.runtime._errors import BundleError, LoadHarnessError, PolicyError, ServingError
+from autotailor.errors import BundleError, LoadHarnessError, PolicyError, ServingError
 from autotailor.runtime.bundle import MANIFEST, SCHEMA, Bundle, SubNetEntry
 from autotailor.runtime.forecast import ForecastState, SlowdownForecast
 from autotailor.runtime.load import ArrivalTrace, CpuSchedule, LoadHarness, Served, run_trace

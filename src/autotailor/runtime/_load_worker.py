@@ -57,6 +57,6 @@ def memory(spec):
 
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
-    if spec.get("nice"):
-        os.nice(spec["nice"])
+    if spec.get("nice") is not None:  # absolute: a child starts at its parent thread's nice value
+        os.setpriority(os.PRIO_PROCESS, 0, spec["nice"])
     {"cpu": cpu, "memory": memory}[spec["kind"]](spec)

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from autotailor.files import atomic_write
-from autotailor.runtime._errors import BundleError, ServingError
+from autotailor.errors import BundleError, ServingError
 from autotailor.runtime.loaders import formats, loader_for
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,9 @@ window's time-weighted mean slowdown, the sum of the observed latencies over the
 manifest latencies; the upper bound the policies plan with is the larger of that and the
 window's ``quantile`` (0.9, nearest rank) of the per-inference slowdowns. Before the first
 observation the forecast is the manifest's idle expectation, 1, with the bound ``prior_upper``
-(1.3).
+(1.3); then the window starts full of that expectation (slowdown 1, weighted like the first
+observation), so that the first inferences are judged as any later ones are: one slow
+inference (a cold cache) moves the mean by a twentieth of its excess, three move the quantile.
 
 Why this, and not an exponentially weighted mean plus k EW deviations (Jacobson/Karels, TCP's
 timeout) or Holt's linear trend: on a shared CPU the slowdown moves in steps (a process starts
@@ -66,6 +68,8 @@ class SlowdownForecast:
     def update(self, slowdown: float, weight: float = 1.0) -> None:
         self._abs_err += abs(slowdown - self.mean)
         self._covered += slowdown <= self.upper
+        if self.n == 0:
+            self._recent.extend([(1.0, weight)] * self.window)
         self.n += 1
         self._recent.append((slowdown, weight))
         self.mean = sum(s * w for s, w in self._recent) / sum(w for _, w in self._recent)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from autotailor.files import write_text
-from autotailor.runtime._errors import LoadHarnessError
+from autotailor.errors import LoadHarnessError
 
 if TYPE_CHECKING:
     from autotailor.runtime.runtime import Runtime
@@ -134,6 +134,8 @@ class LoadHarness:
 
     >>> with LoadHarness(10, cpu=CpuSchedule(((0, 0.0), (2, 1.0), (6, 0.0)), workers=2), memory_mb=256) as h:
     ...     ...  # h.t0: the schedule's time zero (time.time()); h.pids
+
+    ``nice``: the processes' nice value (absolute; below 0 needs the privilege to raise priority).
     """
 
     def __init__(self, duration_s: float, cpu: CpuSchedule | str | Path | None = None, memory_mb: float = 0,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
 import numpy as np
 
-from autotailor.runtime._errors import ServingError
+from autotailor.errors import ServingError
 
 if TYPE_CHECKING:
     from autotailor.runtime.bundle import SubNetEntry

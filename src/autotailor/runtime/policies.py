@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from autotailor.runtime._errors import PolicyError
+from autotailor.errors import PolicyError
 from autotailor.runtime.forecast import ForecastState
 from autotailor.runtime.monitor import Reading
 
@@ -149,29 +149,45 @@ class Static(Policy):
 
 class _Stepping(Policy):
     """Hysteresis shared by the adaptive policies: a step down waits ``min_dwell_s`` after the
-    last switch; a step up waits ``quiet_s`` without a missed goal and after the last switch,
-    and must meet the goal with ``up_margin`` to spare."""
+    last switch; a step up waits a quiet period without a missed goal and after the last
+    switch, and must meet the goal with ``up_margin`` to spare. The quiet period starts at
+    ``quiet_s``; a step up undone within it (a failed probe: the larger SubNet turned out
+    slower than the forecast said, as a SubNet longer than a scheduler slice does under a
+    load that a shorter one slips past) multiplies it by ``backoff``, up to ``max_quiet_s``,
+    and a step up that holds for it sets it back to ``quiet_s``."""
 
-    def __init__(self, min_dwell_s: float = 0.05, quiet_s: float = 1.0, up_margin: float = 0.15):
-        if min_dwell_s < 0 or quiet_s < 0 or not 0 <= up_margin < 1:
-            raise ValueError("min_dwell_s and quiet_s must be >= 0 and 0 <= up_margin < 1")
+    def __init__(self, min_dwell_s: float = 0.05, quiet_s: float = 1.0, up_margin: float = 0.15,
+                 backoff: float = 2.0, max_quiet_s: float = 30.0):
+        if min_dwell_s < 0 or quiet_s < 0 or not 0 <= up_margin < 1 or backoff < 1 or max_quiet_s < quiet_s:
+            raise ValueError("needs min_dwell_s, quiet_s >= 0, 0 <= up_margin < 1, backoff >= 1, max_quiet_s >= quiet_s")
         self.min_dwell_s, self.quiet_s, self.up_margin = min_dwell_s, quiet_s, up_margin
+        self.backoff, self.max_quiet_s = backoff, max_quiet_s
+        self.quiet_now = quiet_s  # the quiet period in force
+        self._up_at: float | None = None  # when the last step up happened, until it holds or fails
 
     def _quiet(self, state: PolicyState) -> bool:
-        calm = state.last_violation is None or state.now - state.last_violation >= self.quiet_s
-        return calm and state.since_switch_s >= self.quiet_s
+        calm = state.last_violation is None or state.now - state.last_violation >= self.quiet_now
+        return calm and state.since_switch_s >= self.quiet_now
 
     def _step(self, subnets, goal: Goal, state: PolicyState, slowdown: float | None) -> "SubNetEntry":
         cur = state.current
+        if self._up_at is not None and state.now - self._up_at >= self.quiet_now:
+            self.quiet_now, self._up_at = self.quiet_s, None  # the step up held
         if cur is None or cur not in subnets:
             return best_fitting(subnets, goal.slo_ms, slowdown or 1.0)
         if slowdown is None:
             return cur
         if cur.latency_ms * slowdown > goal.slo_ms:  # missing the goal: down, at once
             down = best_fitting(subnets, goal.slo_ms, slowdown)
-            return down if state.since_switch_s >= self.min_dwell_s and down.latency_ms < cur.latency_ms else cur
+            if state.since_switch_s < self.min_dwell_s or down.latency_ms >= cur.latency_ms:
+                return cur
+            if self._up_at is not None:  # a failed probe
+                self.quiet_now = min(self.quiet_now * self.backoff, self.max_quiet_s)
+                self._up_at = None
+            return down
         up = best_fitting(subnets, goal.slo_ms * (1 - self.up_margin), slowdown)
         if up.accuracy > cur.accuracy and self._quiet(state):
+            self._up_at = state.now
             return up
         return cur
 
@@ -184,8 +200,9 @@ class Reactive(_Stepping):
     ``slo / r`` takes over; after a quiet period, a more accurate one that meets it with the
     margin. It reacts only to what the current SubNet has shown (no forecast)."""
 
-    def __init__(self, window: int = 5, min_dwell_s: float = 0.05, quiet_s: float = 1.0, up_margin: float = 0.15):
-        super().__init__(min_dwell_s, quiet_s, up_margin)
+    def __init__(self, window: int = 5, min_dwell_s: float = 0.05, quiet_s: float = 1.0, up_margin: float = 0.15,
+                 backoff: float = 2.0, max_quiet_s: float = 30.0):
+        super().__init__(min_dwell_s, quiet_s, up_margin, backoff, max_quiet_s)
         if window < 1:
             raise ValueError("window must be >= 1")
         self.window = window

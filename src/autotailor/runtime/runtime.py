@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from autotailor.files import atomic_write
-from autotailor.runtime._errors import PolicyError, ServingError
+from autotailor.errors import PolicyError, ServingError
 from autotailor.runtime.bundle import Bundle, SubNetEntry
 from autotailor.runtime.loaders import Session, loader_for
 from autotailor.runtime.monitor import Monitor, Reading

@@ -76,7 +76,7 @@ def format_backend(fmt: str) -> type["Backend"]:
 
 
 def export_formats() -> list[str]:
-    return list(dict.fromkeys(cls.format for cls in _BACKENDS.values()))
+    return list(dict.fromkeys(cls.format for cls in _BACKENDS.values() if cls.format))
 
 
 def device_help() -> str:
@@ -85,7 +85,16 @@ def device_help() -> str:
 
 
 def parse_device(spec: str) -> tuple[str, dict[str, object]]:
-    """``ort-cpu:threads=1,optimization=all`` -> ``("ort-cpu", {"threads": 1, "optimization": "all"})``."""
+    """``ort-cpu:threads=1,optimization=all`` -> ``("ort-cpu", {"threads": 1, "optimization": "all"})``;
+    a device reached through its agent, ``remote:HOST:PORT/BACKEND[:KEY=VALUE,...]`` -> ``("remote",
+    {"url": "http://HOST:PORT", "backend": BACKEND, ...})``."""
+    if spec.startswith("remote:"):
+        address, slash, inner = spec[len("remote:"):].partition("/")
+        if not slash or not address or not inner:
+            raise LatencyError(f"remote device {spec!r} is not remote:HOST:PORT/BACKEND[:KEY=VALUE,...] "
+                               "(e.g. remote:10.0.0.2:8765/ort-cpu:threads=1)")
+        backend_name, settings = parse_device(inner)
+        return "remote", {"url": f"http://{address}", "backend": backend_name, **settings}
     name, _, rest = spec.partition(":")
     settings: dict[str, object] = {}
     for item in filter(None, rest.split(",")):
@@ -155,6 +164,7 @@ class Backend:
     name: ClassVar[str] = ""
     default_flush_mb: ClassVar[int] = 0
     fusion: ClassVar[FusionRules] = NO_FUSION
+    machine: str | None = None  # the machine it measures on, if not this one (a LUT's device name)
     format: ClassVar[str] = ""  # export format of its deployed files
     suffix: ClassVar[str] = ""  # of the file ``deploy`` writes (distinct per backend: formats share a folder)
     options: ClassVar[tuple[str, ...]] = ("threads",)  # settings a --device spec names (for --help)
