@@ -216,6 +216,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from autotailor.pipeline.steps import bundle_step
+
+    bundle_step(args.work, args.out, args.device)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from autotailor.pipeline.report import write_report
 
@@ -401,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="where to measure latency (default: the search's device; none to skip)")
     p.add_argument("--device-name", help="name of this machine in the LUT (default: the host name)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("bundle", help="the exported SubNets as a bundle for the on-device runtime (docs/runtime.md)")
+    p.add_argument("work")
+    p.add_argument("--out", required=True, help="the bundle's folder (a manifest.json and the SubNets' files)")
+    p.add_argument("--device", help="the device the bundle is for (default: the search's; must match it)")
+    p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("report", help="write WORK/report.md and report.png from the steps' results")
     p.add_argument("work")

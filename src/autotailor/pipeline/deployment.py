@@ -63,12 +63,13 @@ def export_choices(sn, work: str | Path, choices: Sequence[Chosen], formats: Seq
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
             net = sn.extract(arch).eval()
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
-        measured: dict[str, float | None] = {"latency_ms": None, "accuracy": None}
+        measured: dict[str, float | None] = {"latency_ms": None, "latency_mad_ms": None, "accuracy": None}
         if device is not None:
             backend = device.backend
             with tempfile.TemporaryDirectory() as tmp:
                 path = files.get(backend.format) or backend.deploy(net, Path(tmp) / "subnet", shape)
-                measured["latency_ms"] = backend.time(backend.load(path, shape)).median_ms
+                timed = backend.time(backend.load(path, shape))
+                measured["latency_ms"], measured["latency_mad_ms"] = timed.median_ms, timed.mad_ms
         if data is not None:
             measured["accuracy"] = evaluate(sn, arch, data.val, data.calibration)
         predicted = {"accuracy": choice.accuracy, **choice.metrics}

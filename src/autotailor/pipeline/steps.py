@@ -360,3 +360,36 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
     say(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
         + (f", measured on {setup.spec}" if setup else ""))
     return export_choices(sn, work, chosen, settings.formats, measured_on, setup, done)
+
+
+# -- bundle ------------------------------------------------------------------------------------------
+def bundle_step(work: str | Path, out: str | Path, device: str | None = None, say: Say = print):
+    """Write the exported SubNets (``WORK/exports.json``, ONNX files) as a bundle for the on-device
+    runtime (``autotailor.runtime``) in ``out``: each SubNet's file and what was measured and
+    predicted of it on the search's device. ``device``, if given, must be that device."""
+    from autotailor.pipeline.results import ExportsRecord, SearchRecord
+    from autotailor.runtime import Bundle, SubNetEntry
+
+    found, exported = SearchRecord.read(work), ExportsRecord.read(work).exports
+    if device is not None and device != found.device:
+        raise WorkdirError(f"{work} was searched and exported for {found.device!r}, not {device!r}; search and "
+                           f"export for {device} first (autotailor search/export {work} --device {device})")
+    sn = load_supernet(work)
+    entries = []
+    for e in exported:
+        onnx = next((f for f in e.files if f.endswith(".onnx")), None)
+        if onnx is None:
+            raise WorkdirError(f"{e.name} was exported without ONNX ({', '.join(e.files)}); the runtime serves ONNX "
+                               f"files: autotailor export {work} --format onnx")
+        params, memory = e.predicted.get("params"), e.predicted.get("memory_bytes")
+        activations = (memory - 4 * params) / 2**20 if params is not None and memory is not None else None
+        entries.append(SubNetEntry(
+            name=e.name, file=str(Path(onnx).resolve()), format="onnx", input_shape=tuple(sn.input_shape(e.arch)),
+            device=found.device or "", target=found.target, measured_latency_ms=e.measured.get("latency_ms"),
+            latency_noise_ms=e.measured.get("latency_mad_ms"), predicted_latency_ms=e.predicted.get("latency_ms"),
+            measured_accuracy=e.measured.get("accuracy"), predicted_accuracy=e.predicted.get("accuracy"),
+            activation_mb=max(0.0, activations) if activations is not None else None, arch=e.arch))
+    bundle = Bundle.write(out, entries, {"work": str(Path(work).resolve()), "source": sn.compile_info.get("source"),
+                                         "device": found.device, "target": found.target})
+    say(f"bundle of {len(bundle)} SubNet(s) for {found.device} in {out}")
+    return bundle
