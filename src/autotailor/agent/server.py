@@ -46,6 +46,7 @@ from typing import Callable
 import numpy as np
 
 from autotailor.errors import AgentError, AgentRequestError
+from autotailor.timing import time_calls
 from autotailor.agent.runners import Runner, Shape, runner_class, runners
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class Agent:
             load_before = _load()
             t0 = time.perf_counter()
             try:
-                samples = _time_calls(run, int(timing["warmup"]), int(timing["repeats"]), float(timing["budget_s"]),
+                samples = time_calls(run, int(timing["warmup"]), int(timing["repeats"]), float(timing["budget_s"]),
                                       _flusher(int(timing["flush_mb"])))
             except AgentRequestError:
                 raise
@@ -254,26 +255,6 @@ def summarize(samples: list[float], windows: int) -> dict:
             "p10_ms": float(np.percentile(arr, 10)), "p90_ms": float(np.percentile(arr, 90)),
             "repeats": len(samples), "samples_ms": [round(s, 6) for s in samples],
             "noise": {"window_medians_ms": window_medians, "spread": spread}}
-
-
-def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: float,
-                before: Callable[[], object] | None) -> list[float]:
-    """As the host's backends time (backends/base.py): warm up (stopping after two calls once
-    ``budget_s`` is spent), then up to ``repeats`` timed calls, at least 5, within ``budget_s``."""
-    deadline = time.perf_counter() + budget_s
-    for i in range(warmup):
-        if i >= 2 and time.perf_counter() > deadline:
-            break
-        run()
-    times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(times) < repeats and (len(times) < 5 or time.perf_counter() < deadline):
-        if before is not None:
-            before()  # not timed
-        t = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t) * 1e3)
-    return times
 
 
 def _flusher(flush_mb: int) -> Callable[[], object] | None:

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from autotailor.errors import ExportError, LatencyError
+from autotailor.timing import time_calls
 from autotailor.predict.latency.kernels import NO_FUSION, FusionRules
 from autotailor.predict.latency.lut import Measurement
 
@@ -132,29 +133,6 @@ def _summary(times_ms: list[float]) -> Measurement:
     return Measurement(med, mad, len(times_ms), time.time())
 
 
-def _time_calls(run: Callable[[], object], warmup: int, repeats: int, budget_s: float,
-                before: Callable[[], object] | None = None) -> list[float]:
-    """Warm up, then time up to ``repeats`` calls, fewer (but at least 5) when one call is
-    long enough that ``repeats`` would exceed ``budget_s``: slow kernels are stable anyway.
-    The warm-up stops early too, after two calls, once it has taken ``budget_s``: a whole
-    SubNet of half a second is warm after its first call (measured on NCNN and ONNX Runtime),
-    and ten warm-up calls were most of a calibration's time."""
-    deadline = time.perf_counter() + budget_s
-    for i in range(warmup):
-        if i >= 2 and time.perf_counter() > deadline:
-            break
-        run()
-    times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(times) < repeats and (len(times) < 5 or time.perf_counter() < deadline):
-        if before is not None:
-            before()  # not timed
-        t = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t) * 1e3)
-    return times
-
-
 class Backend:
     """A runtime to profile kernels on. ``flush_mb`` megabytes are overwritten before each timed
     run of a kernel: inside a whole model a kernel's weights may not be in the core's caches
@@ -201,7 +179,7 @@ class Backend:
         return lambda: self._measure_prepared(run)
 
     def _measure_prepared(self, run: Callable[[], object]) -> Measurement:
-        m = _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush))
+        m = _summary(time_calls(run, self.warmup, self.repeats, self.budget_s, self._flush))
         if self._overhead is None:
             self._overhead = self.overhead()
         return Measurement(max(0.0, m.median_ms - self._overhead.median_ms), m.mad_ms, m.repeats, m.measured_at)
@@ -219,7 +197,7 @@ class Backend:
 
     def time(self, run: Callable[[], object]) -> Measurement:
         """Warm-up, then the median (and MAD) of timed calls of ``run`` (a whole model: no flushing)."""
-        return _summary(_time_calls(run, self.warmup, self.repeats, self.budget_s))
+        return _summary(time_calls(run, self.warmup, self.repeats, self.budget_s))
 
     # -- deployed models -----------------------------------------------------------------------
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:  # pragma: no cover

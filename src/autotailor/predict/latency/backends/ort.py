@@ -20,11 +20,11 @@ from autotailor.predict.latency.backends.base import (
     Shape,
     _shapes,
     _summary,
-    _time_calls,
     backend,
 )
 from autotailor.predict.latency.kernels import POINTWISE_ACTS, FusionRules
 from autotailor.predict.latency.lut import Measurement
+from autotailor.timing import time_calls
 
 
 @backend("ort-cpu")
@@ -95,7 +95,7 @@ class OrtCpu(Backend):
         with tempfile.TemporaryDirectory() as tmp:
             sess, feed = self._session(module, input_shapes, profiling=str(Path(tmp) / "kernel"))
             run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
-            _time_calls(run, self.warmup, self.repeats, self.budget_s, before)
+            time_calls(run, self.warmup, self.repeats, self.budget_s, before)
             events = json.loads(Path(sess.end_profiling()).read_text())
         per_run = _per_run_kernel_ms(events, self.warmup, node_offset_ms)
         if not per_run:
@@ -114,7 +114,7 @@ class OrtCpu(Backend):
         short, long = nodes // 4, nodes
         walls = {}
         for n in (short, long):
-            walls[n] = statistics.median(_time_calls(self.prepare(chain(n).eval(), shape), self.warmup, 200, 1.0))
+            walls[n] = statistics.median(time_calls(self.prepare(chain(n).eval(), shape), self.warmup, 200, 1.0))
         slope = (walls[long] - walls[short]) / (long - short)
         profiled = statistics.median(self._profiled_ms(chain(long).eval(), shape, None, 0.0)) / long
         return max(0.0, profiled - slope)
