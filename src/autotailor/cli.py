@@ -223,6 +223,35 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from autotailor.runtime.serving import serve
+
+    # SIGTERM (systemd, kill) stops the server as Ctrl-C does; serve() closes it cleanly either way.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    serve(args.bundle, args.slo_ms, host=args.host, port=args.port, memory_mb=args.memory_mb, policy=args.policy,
+          max_body_mb=args.max_body_mb, on_ready=lambda url: print(url, flush=True))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from autotailor.runtime.replay import replay
+
+    summary = replay(args.bundle, args.trace, args.slo_ms, out_path=args.out, load=args.load, policy=args.policy,
+                     seed=args.seed, memory_mb=args.memory_mb)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    r = summary["response_ms"]
+    print(f"{summary['inferences']} requests: {summary['slo_met']:.1%} of inferences within {summary['slo_ms']:g} ms "
+          f"({summary['response_slo_met']:.1%} counting the wait); response p50 {r['p50']:.2f} ms, "
+          f"p99 {r['p99']:.2f} ms; {summary['switches']} switches; per SubNet {summary['per_subnet']}")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from autotailor.pipeline.report import write_report
 
@@ -423,6 +452,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--work", help="work directory (default: the config's path without .toml)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("serve", help="on a device: serve a bundle over HTTP, switching SubNets as conditions "
+                       "change (docs/runtime.md)")
+    p.add_argument("bundle", help="bundle directory (manifest.json and the SubNets' files)")
+    p.add_argument("--slo-ms", type=_number(float, 0, above=True), required=True,
+                   help="latency goal of one inference, in ms")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only; "
+                   "anyone who can reach the port can run inferences)")
+    p.add_argument("--port", type=_number(int, 0, 65535), default=8080, help="port (default 8080; 0: any free port)")
+    p.add_argument("--memory-mb", type=_number(float, 0, above=True),
+                   help="memory the loaded SubNets may take (default: no limit)")
+    p.add_argument("--policy", default="forecast", help="static, reactive, forecast or a registered plug-in")
+    p.add_argument("--max-body-mb", type=_number(float, 0, above=True), default=32.0,
+                   help="largest request body accepted, in MB (default 32); larger ones get HTTP 413")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("replay", help="replay a request arrival trace against a bundle, optionally under a "
+                       "CPU load schedule; one JSON line per request")
+    p.add_argument("bundle", help="bundle directory (manifest.json and the SubNets' files)")
+    p.add_argument("--trace", required=True, help="arrival trace (JSON written by ArrivalTrace.write)")
+    p.add_argument("--slo-ms", type=_number(float, 0, above=True), required=True,
+                   help="latency goal of one inference, in ms")
+    p.add_argument("--load", help="CPU load schedule run during the replay (JSON or CSV t_seconds,duty; "
+                   "docs/runtime.md)")
+    p.add_argument("--out", help="write one JSON line per request here (JSONL)")
+    p.add_argument("--memory-mb", type=_number(float, 0, above=True),
+                   help="memory the loaded SubNets may take (default: no limit)")
+    p.add_argument("--policy", default="forecast", help="static, reactive, forecast or a registered plug-in")
+    p.add_argument("--seed", type=int, default=0, help="seed of the input every request sends")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_replay)
 
     from autotailor.agent.__main__ import add_arguments as add_agent_arguments, run as run_agent
 

@@ -14,6 +14,8 @@ and forecast, Mistify's plug-in policies). Needs numpy and onnxruntime, never to
 - ``policies``: :class:`Policy`, :func:`register_policy`; built in: ``static``, ``reactive``, ``forecast``
 - ``runtime``: :class:`Runtime`, :class:`InferenceRecord`
 - ``load``: :class:`LoadHarness`, :class:`CpuSchedule`, :class:`ArrivalTrace`, :func:`run_trace`
+- ``serving``: :func:`serve`, an HTTP inference endpoint (``POST /infer``, ``GET /metrics``, ``GET /health``)
+- ``replay``: :func:`replay`, an arrival trace played against a runtime, one JSON line per request
 
 Errors (in ``autotailor.errors``): :class:`BundleError`,
 :class:`ServingError`, :class:`PolicyError`, :class:`LoadHarnessError`, all :class:`AutoTailorError`.
@@ -35,7 +37,9 @@ from autotailor.runtime.policies import (
     policies,
     register_policy,
 )
+from autotailor.runtime.replay import replay
 from autotailor.runtime.runtime import InferenceRecord, Runtime, resize_bilinear
+from autotailor.runtime.serving import serve
 
 __all__ = [
     "MANIFEST",
@@ -68,5 +72,7 @@ __all__ = [
     "policies",
     "register_loader",
     "register_policy",
+    "replay",
     "resize_bilinear",
+    "serve",
 ]
