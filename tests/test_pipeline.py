@@ -303,24 +303,33 @@ def test_a_run_file_is_checked_whole_before_the_first_step(tmp_path) -> None:
 
 
 def test_bundle_holds_the_exported_subnets_for_the_on_device_runtime(run_dir, tmp_path, capsys) -> None:
+    import dataclasses
+    import shutil
+
     import onnxruntime as ort
 
     from autotailor.runtime import Bundle, Runtime
 
-    assert main(["bundle", str(run_dir), "--out", str(tmp_path / "b")]) == 0
+    work = tmp_path / "w"  # other tests search run_dir again, with or without a device
+    shutil.copytree(run_dir, work, ignore=shutil.ignore_patterns("*.ckpt", "*.sqlite"))
+    search = dataclasses.replace(SearchRecord.read(work), device="ort-cpu:threads=1")
+    search.write(work)
+    assert main(["bundle", str(work), "--out", str(tmp_path / "b")]) == 0
     bundle = Bundle.load(tmp_path / "b")
-    (exported,) = ExportsRecord.read(run_dir).exports
+    (exported,) = ExportsRecord.read(work).exports
     (entry,) = bundle.subnets
-    search = SearchRecord.read(run_dir)
     assert entry.name == exported.name and entry.device == search.device and entry.target == search.target
     assert entry.measured_latency_ms == exported.measured["latency_ms"] > 0
     assert entry.latency_noise_ms == exported.measured["latency_mad_ms"] >= 0
     assert entry.measured_accuracy == exported.measured["accuracy"]
-    assert entry.input_shape == tuple(at.load(run_dir).input_shape(exported.arch))
+    assert entry.input_shape == tuple(at.load(work).input_shape(exported.arch))
     x = np.random.default_rng(0).random(entry.input_shape, dtype=np.float32)
     onnx_file = next(f for f in exported.files if f.endswith(".onnx"))
     session = ort.InferenceSession(onnx_file, providers=["CPUExecutionProvider"])
     (expected,) = session.run(None, {session.get_inputs()[0].name: x})
     assert np.allclose(Runtime(tmp_path / "b", slo_ms=1000).infer(x), expected, atol=1e-5)
-    assert main(["bundle", str(run_dir), "--out", str(tmp_path / "c"), "--device", "ncnn:threads=1"]) == 2
-    assert f"was searched and exported for {search.device!r}, not 'ncnn:threads=1'" in capsys.readouterr().err
+    assert main(["bundle", str(work), "--out", str(tmp_path / "c"), "--device", "ncnn:threads=1"]) == 2
+    assert "was searched and exported for 'ort-cpu:threads=1', not 'ncnn:threads=1'" in capsys.readouterr().err
+    dataclasses.replace(search, device=None).write(work)
+    assert main(["bundle", str(work), "--out", str(tmp_path / "d")]) == 2
+    assert "used no device; name the device the exports were measured on" in capsys.readouterr().err

@@ -22,7 +22,7 @@ def test_bigger_kernels_take_longer_and_overhead_is_small(name: str) -> None:
 
 
 def test_unknown_backend_names_the_available_ones() -> None:
-    with pytest.raises(at.AutoTailorError, match="unknown backend .tensorrt.; available: ncnn, openvino, ort-cpu, torch"):
+    with pytest.raises(at.AutoTailorError, match="unknown backend .tensorrt.; available: ncnn, openvino, ort-cpu, remote, torch"):
         make_backend("tensorrt")
 
 

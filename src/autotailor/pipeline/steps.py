@@ -371,9 +371,13 @@ def bundle_step(work: str | Path, out: str | Path, device: str | None = None, sa
     from autotailor.runtime import Bundle, SubNetEntry
 
     found, exported = SearchRecord.read(work), ExportsRecord.read(work).exports
-    if device is not None and device != found.device:
+    if device is not None and found.device is not None and device != found.device:
         raise WorkdirError(f"{work} was searched and exported for {found.device!r}, not {device!r}; search and "
                            f"export for {device} first (autotailor search/export {work} --device {device})")
+    device = device or found.device
+    if device is None:
+        raise WorkdirError(f"the search of {work} used no device; name the device the exports were measured on "
+                           f"and the bundle is for: autotailor bundle {work} --out DIR --device SPEC")
     sn = load_supernet(work)
     entries = []
     for e in exported:
@@ -382,14 +386,16 @@ def bundle_step(work: str | Path, out: str | Path, device: str | None = None, sa
             raise WorkdirError(f"{e.name} was exported without ONNX ({', '.join(e.files)}); the runtime serves ONNX "
                                f"files: autotailor export {work} --format onnx")
         params, memory = e.predicted.get("params"), e.predicted.get("memory_bytes")
+        predicted = e.predicted.get("accuracy")  # a sum of drops can pass below 0 for a barely trained model
+        predicted = min(1.0, max(0.0, predicted)) if predicted is not None else None
         activations = (memory - 4 * params) / 2**20 if params is not None and memory is not None else None
         entries.append(SubNetEntry(
             name=e.name, file=str(Path(onnx).resolve()), format="onnx", input_shape=tuple(sn.input_shape(e.arch)),
-            device=found.device or "", target=found.target, measured_latency_ms=e.measured.get("latency_ms"),
+            device=device, target=found.target, measured_latency_ms=e.measured.get("latency_ms"),
             latency_noise_ms=e.measured.get("latency_mad_ms"), predicted_latency_ms=e.predicted.get("latency_ms"),
-            measured_accuracy=e.measured.get("accuracy"), predicted_accuracy=e.predicted.get("accuracy"),
+            measured_accuracy=e.measured.get("accuracy"), predicted_accuracy=predicted,
             activation_mb=max(0.0, activations) if activations is not None else None, arch=e.arch))
     bundle = Bundle.write(out, entries, {"work": str(Path(work).resolve()), "source": sn.compile_info.get("source"),
-                                         "device": found.device, "target": found.target})
-    say(f"bundle of {len(bundle)} SubNet(s) for {found.device} in {out}")
+                                         "device": device, "target": found.target})
+    say(f"bundle of {len(bundle)} SubNet(s) for {device} in {out}")
     return bundle
