@@ -38,14 +38,13 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from email.message import Message
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from autotailor.errors import AgentError, AgentRequestError
+from autotailor.jsonhttp import JsonHandler, JsonServer
 from autotailor.timing import time_calls
 from autotailor.agent.runners import Runner, Shape, runner_class, runners
 
@@ -374,37 +373,9 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, bytes]:
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server: "AgentServer"
     server_version = "autotailor-agent/1"
-    # Reads and writes time out: a client that stops sending must not hold a thread forever.
-    timeout = 60
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-        log.info("%s %s", self.address_string(), format % args)
-
-    def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
-        self._json(status, {"error": {"status": status, "reason": reason, "message": message}}, headers)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """JSON, also for what ``http.server`` itself refuses (a malformed request line, a method
-        it has no handler for)."""
-        self.close_connection = True
-        try:
-            self._error(code, message or explain or HTTPStatus(code).phrase)
-        except OSError:
-            pass
 
     def _authorized(self) -> bool:
         if self.server.agent.authorized(self.headers.get("Authorization")):
@@ -484,20 +455,6 @@ class _Handler(BaseHTTPRequestHandler):
             # The client went away; its result is stored under its id for the retry.
             log.warning("could not answer %s (%s); the result stays stored under its id", self.address_string(), exc)
 
-    def _drain(self, limit: int) -> None:
-        """Read (and drop, never keep) up to ``limit`` bytes of a refused body, with a short
-        timeout: a client still sending when the connection closes sees a reset instead of the
-        413; one a little over the limit gets its 413."""
-        try:
-            self.connection.settimeout(0.5)
-            while limit > 0:
-                chunk = self.rfile.read1(min(limit, 65536)) if hasattr(self.rfile, "read1") else b""
-                if not chunk:
-                    break
-                limit -= len(chunk)
-        except (OSError, socket.timeout):
-            pass
-
     def do_PUT(self) -> None:  # noqa: N802
         if self._authorized():
             self._error(405, "method not allowed; routes: GET /health, POST /measure")
@@ -505,22 +462,12 @@ class _Handler(BaseHTTPRequestHandler):
     do_DELETE = do_PATCH = do_PUT  # noqa: N815
 
 
-class AgentServer(ThreadingHTTPServer):
+class AgentServer(JsonServer):
     """The HTTP server holding an ``Agent``; ``url`` is where it listens."""
-
-    daemon_threads = True  # a stuck client must not keep the process from exiting
 
     def __init__(self, address: tuple[str, int], agent: Agent):
         self.agent = agent
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else host
-        return f"http://{host}:{port}"
 
     def server_close(self) -> None:
         super().server_close()

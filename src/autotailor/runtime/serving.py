@@ -31,15 +31,12 @@ No torch here: the standard library, numpy and the SubNets' runtime (ONNX Runtim
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import socket
 import threading
 import time
 from dataclasses import asdict
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 from urllib.parse import urlsplit
@@ -47,6 +44,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from autotailor.errors import ServingError
+from autotailor.jsonhttp import JsonHandler, JsonServer
 from autotailor.runtime.bundle import Bundle
 from autotailor.runtime.policies import Policy
 from autotailor.runtime.runtime import Runtime
@@ -196,39 +194,13 @@ class Service:
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server: "InferenceServer"
     server_version = "autotailor-serving/1"
     protocol_version = "HTTP/1.1"  # keep-alive: a client sends many inferences over one connection
-    timeout = 60  # a client that stops sending must not hold a thread forever
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _json(self, status: int, payload: Mapping[str, Any], close: bool = False) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if close:
-            self.send_header("Connection", "close")  # also sets close_connection
-        self.end_headers()
-        self.wfile.write(data)
+    def on_answer(self, status: int) -> None:
         self.server.service.count(status)
-
-    def _error(self, status: int, message: str, close: bool = False) -> None:
-        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
-        if status < 500:
-            log.info("refused %s %s (%d): %s", self.command, self.path, status, message)
-        self._json(status, {"error": {"status": status, "reason": reason, "message": message}}, close)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """JSON, also for what ``http.server`` itself refuses (a malformed request line, headers too long)."""
-        self.close_connection = True
-        try:
-            self._error(code, message or explain or HTTPStatus(code).phrase, close=True)
-        except OSError:
-            pass
 
     def _route(self) -> str | None:
         """The route of this request, or None once it has been answered 404/405."""
@@ -239,9 +211,9 @@ class _Handler(BaseHTTPRequestHandler):
         # a body we do not read must not be taken for the next request on this connection
         close = self._declared_length() > 0 or "Transfer-Encoding" in self.headers
         if method is None:
-            self._error(404, f"no route {self.command} {path}; routes: {_ROUTE_LIST}", close)
+            self._error(404, f"no route {self.command} {path}; routes: {_ROUTE_LIST}", close=close)
         else:
-            self._error(405, f"{path} takes {method}, not {self.command}; routes: {_ROUTE_LIST}", close)
+            self._error(405, f"{path} takes {method}, not {self.command}; routes: {_ROUTE_LIST}", close=close)
         if close:
             self._drain(self._declared_length())
         return None
@@ -309,41 +281,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._json(200, answer)
 
-    def _drain(self, limit: int) -> None:
-        """Read (and drop) up to ``limit`` bytes of a refused body with a short timeout, so that
-        closing the connection does not reset it before the client has read the answer."""
-        try:
-            self.connection.settimeout(0.5)
-            while limit > 0:
-                chunk = self.rfile.read1(min(limit, 65536)) if hasattr(self.rfile, "read1") else b""
-                if not chunk:
-                    break
-                limit -= len(chunk)
-        except (OSError, socket.timeout):
-            pass
-
     def do_PUT(self) -> None:  # noqa: N802
         self._route()
 
     do_DELETE = do_PATCH = do_PUT  # noqa: N815
 
 
-class InferenceServer(ThreadingHTTPServer):
+class InferenceServer(JsonServer):
     """The HTTP server holding a :class:`Service`; ``url`` is where it listens."""
-
-    daemon_threads = True  # a stuck client must not keep the process from exiting
 
     def __init__(self, address: tuple[str, int], service: Service):
         self.service = service
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else host
-        return f"http://{host}:{port}"
 
     def server_close(self) -> None:
         super().server_close()

@@ -1,0 +1,88 @@
+"""What AutoTailor's HTTP services share (the agent, ``autotailor serve``): JSON answers and
+errors, refused bodies drained, a threading server that says its URL. Standard library only,
+so that the torch-free on-device services use it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Answers JSON: ``_json`` a payload, ``_error`` ``{"error": {status, reason, message}}``,
+    also for what ``http.server`` itself refuses. ``on_answer(status)`` is called after each."""
+
+    # Reads and writes time out: a client that stops sending must not hold a thread forever.
+    timeout = 60
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def on_answer(self, status: int) -> None:
+        """Called after every answer (a service counts them)."""
+
+    def _json(self, status: int, payload: Mapping[str, Any], headers: Mapping[str, str] | None = None,
+              close: bool = False) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if close:
+            self.send_header("Connection", "close")  # also sets close_connection
+        self.end_headers()
+        self.wfile.write(data)
+        self.on_answer(status)
+
+    def _error(self, status: int, message: str, headers: Mapping[str, str] | None = None, close: bool = False) -> None:
+        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+        if status < 500:
+            log.info("refused %s %s (%d): %s", self.command, self.path, status, message)
+        self._json(status, {"error": {"status": status, "reason": reason, "message": message}}, headers, close)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """JSON, also for what ``http.server`` itself refuses (a malformed request line, headers
+        too long, a method it has no handler for)."""
+        self.close_connection = True
+        try:
+            self._error(code, message or explain or HTTPStatus(code).phrase, close=True)
+        except OSError:
+            pass
+
+    def _drain(self, limit: int) -> None:
+        """Read (and drop, never keep) up to ``limit`` bytes of a refused body, with a short
+        timeout: a client still sending when the connection closes sees a reset instead of the
+        answer; one a little over the limit gets it."""
+        try:
+            self.connection.settimeout(0.5)
+            while limit > 0:
+                chunk = self.rfile.read1(min(limit, 65536)) if hasattr(self.rfile, "read1") else b""
+                if not chunk:
+                    break
+                limit -= len(chunk)
+        except (OSError, socket.timeout):
+            pass
+
+
+class JsonServer(ThreadingHTTPServer):
+    """A threading HTTP server on an IPv4 or IPv6 address; ``url`` is where it listens."""
+
+    daemon_threads = True  # a stuck client must not keep the process from exiting
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]):
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        host = f"[{host}]" if ":" in str(host) else host
+        return f"http://{host}:{port}"
