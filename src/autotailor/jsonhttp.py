@@ -56,6 +56,42 @@ class JsonHandler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
+    def _length(self, limit: int, advice: str) -> int | None:
+        """The body's declared length, or None once refused: no ``Content-Length`` (411), not a
+        number (400), above ``limit`` (413, with ``advice``; refused before reading, so a large
+        body never reaches memory)."""
+        text = self.headers.get("Content-Length")
+        if text is None:
+            self._error(411, f"{self.command} {self.path} needs a Content-Length header (chunked uploads are not "
+                        "accepted)", close=True)
+            return None
+        try:
+            length = int(text)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self._error(400, f"Content-Length {text!r} is not a non-negative integer", close=True)
+            return None
+        if length > limit:
+            self._error(413, f"the body is {length} bytes, above this server's limit of {limit} bytes; {advice}",
+                        close=True)
+            self._drain(min(length, 1 << 20))
+            return None
+        return length
+
+    def _body(self, length: int) -> bytes | None:
+        """The body of ``length`` bytes, or None once the connection failed or it was short (400)."""
+        try:
+            body = self.rfile.read(length)
+        except (OSError, socket.timeout) as exc:
+            log.warning("upload from %s failed: %s", self.address_string(), exc)
+            self.close_connection = True
+            return None
+        if len(body) != length:
+            self._error(400, f"the body ended after {len(body)} of {length} bytes; send it again", close=True)
+            return None
+        return body
+
     def _drain(self, limit: int) -> None:
         """Read (and drop, never keep) up to ``limit`` bytes of a refused body, with a short
         timeout: a client still sending when the connection closes sees a reset instead of the

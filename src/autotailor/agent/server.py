@@ -401,35 +401,10 @@ class _Handler(JsonHandler):
             self._error(404, f"no route POST {self.path}; routes: GET /health, POST /measure")
             return
         agent = self.server.agent
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            self.close_connection = True
-            self._error(411, "POST /measure needs a Content-Length header (chunked uploads are not accepted)")
-            return
-        try:
-            length = int(length_text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self.close_connection = True
-            self._error(400, f"Content-Length {length_text!r} is not a non-negative integer")
-            return
-        if length > agent.max_body_bytes:
-            # Refused on the declared length, before reading: a large body never reaches memory.
-            self.close_connection = True
-            self._error(413, f"the body is {length} bytes, above this agent's limit of {agent.max_body_bytes} "
-                        "bytes; restart the agent with a larger --max-body-mb, or send a smaller model")
-            self._drain(min(length, 1 << 20))
-            return
-        try:
-            body = self.rfile.read(length)
-        except (OSError, socket.timeout) as exc:
-            log.warning("upload from %s failed: %s", self.address_string(), exc)
-            self.close_connection = True
-            return
-        if len(body) != length:
-            self.close_connection = True
-            self._error(400, f"the body ended after {len(body)} of {length} bytes; send it again")
+        length = self._length(agent.max_body_bytes, "restart the agent with a larger --max-body-mb, or send a "
+                              "smaller model")
+        body = self._body(length) if length is not None else None
+        if body is None:
             return
         try:
             parts = parse_multipart(self.headers.get("Content-Type", ""), body)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
 import threading
 import time
 from dataclasses import asdict
@@ -235,23 +234,9 @@ class _Handler(JsonHandler):
         if self._route() is None:
             return
         service = self.server.service
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            self._error(411, "POST /infer needs a Content-Length header (chunked uploads are not accepted)", close=True)
-            return
-        try:
-            length = int(length_text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self._error(400, f"Content-Length {length_text!r} is not a non-negative integer", close=True)
-            return
-        if length > service.max_body_bytes:
-            # Refused on the declared length, before reading: a large body never reaches memory.
-            self._error(413, f"the body is {length} bytes, above this server's limit of {service.max_body_bytes} "
-                             "bytes; send a smaller batch, or restart the server with a larger max_body_mb "
-                             "(--max-body-mb)", close=True)
-            self._drain(min(length, 1 << 20))
+        length = self._length(service.max_body_bytes, "send a smaller batch, or restart the server with a larger "
+                              "max_body_mb (--max-body-mb)")
+        if length is None:
             return
         shape = service.check(self.headers.get("Content-Type"), self.headers.get("X-Dtype"),
                               self.headers.get("X-Shape"), length)
@@ -259,14 +244,8 @@ class _Handler(JsonHandler):
             self._error(shape.status, shape.message, close=True)
             self._drain(length)
             return
-        try:
-            body = self.rfile.read(length)
-        except (OSError, socket.timeout) as exc:
-            log.warning("upload from %s failed: %s", self.address_string(), exc)
-            self.close_connection = True
-            return
-        if len(body) != length:
-            self._error(400, f"the body ended after {len(body)} of {length} bytes; send it again", close=True)
+        body = self._body(length)
+        if body is None:
             return
         x = service.decode(body, shape)
         del body
