@@ -73,6 +73,7 @@ __all__ = [
     "register_loader",
     "register_policy",
     "replay",
+    "run_trace",
     "resize_bilinear",
     "serve",
 ]
