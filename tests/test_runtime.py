@@ -255,7 +255,8 @@ def test_records_say_when_which_subnet_ran_and_what_the_monitor_read(bundle, tmp
     assert len(recs) == 5 and all(r.subnet == "medium" for r in recs)
     assert t0 <= recs[0].start < recs[0].end <= recs[1].start < recs[-1].end <= time.time()
     assert all(r.latency_ms == pytest.approx((r.end - r.start) * 1000, rel=1e-3) for r in recs)
-    assert all(r.slowdown == pytest.approx(r.latency_ms / bundle["medium"].latency_ms) for r in recs)
+    assert all(r.slowdown == pytest.approx(r.latency_ms / rt.idle_ms["medium"]) for r in recs)
+    assert rt.idle_ms["medium"] >= bundle["medium"].latency_ms
     assert recs[0].switch_ms is not None and all(r.switch_ms is None for r in recs[1:])
     assert all(r.reading is not None and r.reading.cpu_count >= 1 for r in recs)
     lines = rt.write_records(tmp_path / "r.jsonl").read_text().splitlines()
@@ -377,6 +378,47 @@ def sleepy(tmp_path) -> Bundle:
     SLOW[0] = 1.0
 
 
+def test_the_slowdown_is_judged_against_the_latency_in_place_not_the_manifest(tmp_path):
+    # Each call costs 0.5 ms more than the manifest says (as a call through Python does beside a
+    # back-to-back profile): against the manifest, the 0.3 ms SubNet would look 2.7x slower at idle.
+    entries = []
+    for name, ms, acc in (("s", 0.3, 0.6), ("m", 1.0, 0.75), ("l", 3.0, 0.9)):
+        (tmp_path / "b").mkdir(exist_ok=True)
+        (tmp_path / "b" / f"{name}.json").write_text(json.dumps({"ms": ms + 0.5}))
+        entries.append(SubNetEntry(name=name, file=f"{name}.json", format="sleep", input_shape=(1, 4),
+                                   device="sleep", measured_latency_ms=ms, predicted_accuracy=acc))
+    bundle = Bundle.write(tmp_path / "b", entries)
+    x = np.zeros((1, 4), np.float32)
+    assert Runtime(bundle, slo_ms=50.0).idle_ms == {"s": 0.3, "m": 1.0, "l": 3.0}  # nothing measured yet
+    rt = Runtime(bundle, slo_ms=50.0, policy="static", policy_options={"pick": "s"})
+    for _ in range(20):
+        rt.infer(x)
+    idle = rt.idle_ms
+    assert 0.75 < idle["s"] < 1.3, idle  # one call's excess measured on s holds for every SubNet
+    assert idle["m"] == pytest.approx(1.0 + idle["s"] - 0.3) and idle["l"] == pytest.approx(3.0 + idle["s"] - 0.3)
+    assert 0.8 < float(np.median([r.slowdown for r in rt.records])) < 1.25
+    assert rt.stats()["idle_ms"] == idle
+    bare = Runtime(bundle, slo_ms=50.0, policy="static", policy_options={"pick": "s"}, calibration_runs=0)
+    for _ in range(20):
+        bare.infer(x)
+    assert bare.idle_ms["s"] == 0.3 and float(np.median([r.slowdown for r in bare.records])) > 2.4
+    # the policies see the latencies in place, and the current SubNet among them
+    seen = []
+
+    class Spy(Policy):
+        def choose(self, subnets, goal, state):
+            seen.append(({x.name: x.latency_ms for x in subnets}, state.current))
+            return subnets[-1]
+
+    spied = Runtime(bundle, slo_ms=50.0, policy=Spy())
+    for _ in range(3):
+        spied.infer(x)
+    assert seen[0] == ({"s": 0.3, "m": 1.0, "l": 3.0}, None)  # nothing measured before the first load
+    assert seen[-1][0] == spied.idle_ms and seen[-1][0]["l"] > 3.4 and seen[-1][1].latency_ms == spied.idle_ms["l"]
+    with pytest.raises(ServingError, match="calibration_runs must be >= 0"):
+        Runtime(bundle, slo_ms=1.0, calibration_runs=-1)
+
+
 def _phases(rt: Runtime, phases: list[tuple[float, float]]) -> list[tuple[float, str]]:
     """Serve through (factor, seconds) phases; the (time, SubNet) of each inference from the start."""
     t0, out = time.time(), []
@@ -404,11 +446,14 @@ def test_adaptive_policies_do_not_flap_near_the_goal(sleepy, policy):
     # l alternates every 50 ms between 1.4x and 1.6x (11.2 and 12.8 ms against 12): it misses the goal
     # half of the time, and never meets it with the margin to spare, so one step down and no step up
     phases = [(f, 0.05) for _ in range(10) for f in (1.4, 1.6)]
-    rt = Runtime(sleepy, slo_ms=12.0, policy=policy, policy_options={"quiet_s": 0.1})
+    # the sleepers' manifest latencies are exact, and the slowdown starts before any SubNet loads
+    # (a load the monitor cannot see): no calibration in place
+    rt = Runtime(sleepy, slo_ms=12.0, policy=policy, policy_options={"quiet_s": 0.1}, calibration_runs=0)
     _phases(rt, phases)
     assert rt.switches <= 2, [(r.subnet, r.latency_ms) for r in rt.records if r.switch_ms is not None]
     if policy == "reactive":  # without the margin and the quiet period it flaps with the load
-        bare = Runtime(sleepy, slo_ms=12.0, policy=policy, policy_options={"quiet_s": 0.0, "up_margin": 0.0})
+        bare = Runtime(sleepy, slo_ms=12.0, policy=policy, policy_options={"quiet_s": 0.0, "up_margin": 0.0},
+                       calibration_runs=0)
         _phases(bare, phases)
         assert bare.switches >= 6
 
@@ -620,9 +665,22 @@ def test_cgroup_quotas_and_sysfs_figures_are_read_from_their_files(tmp_path):
         d = sys_ / f"class/thermal/thermal_zone{i}"
         d.mkdir(parents=True)
         (d / "temp").write_text(f"{milli}\n")
-    r = Monitor(proc=proc, sys=sys_).sample()
+    m = Monitor(proc=proc, sys=sys_, interval_ms=0, slow_interval_ms=200)
+    r = m.sample()
     assert r.cpu_quota == 0.25 and r.mem_available_mb == 384.0
     assert r.cpu_freq_mhz == 2000.0 and r.temperature_c == 61.5
+    # the cgroup and /sys figures are read every slow_interval_ms, /proc/meminfo every sample
+    (cg / "app/cpu.max").write_text("max 100000\n")
+    (cg / "app/worker/memory.current").write_text(f"{256 * 2**20}\n")
+    (proc / "meminfo").write_text("MemAvailable:   204800 kB\n")
+    r = m.sample()
+    assert r.cpu_quota == 0.25 and r.mem_available_mb == 200.0
+    time.sleep(0.25)
+    r = m.sample()
+    assert r.cpu_quota == 0.75 and r.mem_available_mb == 200.0
+    (proc / "meminfo").write_text("MemAvailable:   2097152 kB\n")
+    (cg / "app/worker/memory.current").write_text(f"{384 * 2**20}\n")
+    assert m.sample().mem_available_mb == 256.0 and m.sample(force=True).mem_available_mb == 128.0
 
 
 # ---------------------------------------------------------------- load harness

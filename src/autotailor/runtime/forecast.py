@@ -1,10 +1,10 @@
-"""A short-term forecast of the slowdown (observed latency / the SubNet's manifest latency).
+"""A short-term forecast of the slowdown (observed latency / the SubNet's idle latency in place).
 
 The model: a sliding window of the last ``window`` inferences (20). The forecast is the
 window's time-weighted mean slowdown, the sum of the observed latencies over the sum of the
-manifest latencies; the upper bound the policies plan with is the larger of that and the
+idle latencies; the upper bound the policies plan with is the larger of that and the
 window's ``quantile`` (0.9, nearest rank) of the per-inference slowdowns. Before the first
-observation the forecast is the manifest's idle expectation, 1, with the bound ``prior_upper``
+observation the forecast is the idle expectation, 1, with the bound ``prior_upper``
 (1.3); then the window starts full of that expectation (slowdown 1, weighted like the first
 observation), so that the first inferences are judged as any later ones are: one slow
 inference (a cold cache) moves the mean by a twentieth of its excess, three move the quantile.
@@ -52,7 +52,7 @@ class ForecastState:
 
 class SlowdownForecast:
     """See the module docstring. ``update(slowdown, weight)`` after each inference, ``weight``
-    the SubNet's manifest latency (so that the mean is time-weighted); ``state()`` any time."""
+    the SubNet's idle latency (so that the mean is time-weighted); ``state()`` any time."""
 
     def __init__(self, window: int = 20, quantile: float = 0.9, prior_upper: float = 1.3):
         if window < 1 or not 0 < quantile <= 1 or not prior_upper >= 1:

@@ -1,19 +1,24 @@
 """What the device has left for us, and how fast our own inferences run.
 
-A :class:`Monitor` reads, at most every ``interval_ms`` (a cached :class:`Reading` otherwise):
+A :class:`Monitor` reads, at most every ``interval_ms`` (a cached :class:`Reading` otherwise;
+the figures marked *slow* at most every ``slow_interval_ms``, since they change slowly and cost
+most of a sample: the cgroup files lie along a path of folders):
 
-- CPU: the CPUs this process may use (affinity), the cgroup's CPU quota in cores (v2
+- CPU: the CPUs this process may use (affinity, slow), the cgroup's CPU quota in cores (slow; v2
   ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``; None when unlimited), the cores
-  other processes kept busy since the last sample (``/proc/stat`` less this process's own time
-  from ``/proc/self/stat``; psutil where there is no ``/proc``), what that leaves of the CPUs
+  other processes kept busy since the last sample, over at least 50 ms (the counters
+  tick every 10 ms; ``/proc/stat`` less this process's own time from ``/proc/self/stat``; psutil where there
+  is no ``/proc``), what that leaves of the CPUs
   and quota, and the CPU pressure (PSI ``/proc/pressure/cpu``, "some avg10");
-- memory: ``MemAvailable`` of ``/proc/meminfo``, capped by the cgroup's memory limit less its usage;
-- the CPU frequency and temperature where ``/sys`` exposes them (``cpufreq/scaling_cur_freq``,
+- memory: ``MemAvailable`` of ``/proc/meminfo``, capped by the cgroup's memory limit less its
+  usage (slow);
+- the CPU frequency and temperature where ``/sys`` exposes them (slow; ``cpufreq/scaling_cur_freq``,
   ``thermal_zone*/temp``, ``hwmon*/temp*_input``).
 
 A figure the system does not expose is None, never a guess. The most direct signal, though,
 is the latency of our own inferences: :meth:`Monitor.observe` turns each into a slowdown (the
-observed latency over the SubNet's manifest latency, measured at idle) and feeds the
+observed latency over the SubNet's ``latency_ms``, which the runtime sets to its idle latency in
+place) and feeds the
 :class:`~autotailor.runtime.forecast.SlowdownForecast`. The monitor counts its own CPU time
 (``overhead``), so that its cost is a figure too.
 
@@ -38,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_MIN_SPAN_S = 0.05  # the shortest span of /proc/stat counters the CPU figures are taken over, per CPU
 _NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a page-aligned LONG_MAX
 
 
@@ -54,6 +60,18 @@ class Reading:
     mem_available_mb: float | None
     cpu_freq_mhz: float | None  # mean over the CPUs
     temperature_c: float | None  # the hottest sensor
+
+
+@dataclass(frozen=True)
+class _Slow:
+    """The figures read every ``slow_interval_ms``."""
+
+    time: float
+    cpu_count: int
+    cpu_quota: float | None
+    memory_left_mb: float | None
+    cpu_freq_mhz: float | None
+    temperature_c: float | None
 
 
 @dataclass(frozen=True)
@@ -181,8 +199,9 @@ class Monitor:
     """Samples the device (see the module docstring) and keeps the observed slowdowns."""
 
     def __init__(self, interval_ms: float = 100.0, forecast: SlowdownForecast | None = None,
-                 window: int = 256, proc: str | Path = "/proc", sys: str | Path = "/sys"):
-        self.interval_s = interval_ms / 1000
+                 window: int = 256, proc: str | Path = "/proc", sys: str | Path = "/sys",
+                 slow_interval_ms: float = 1000.0):
+        self.interval_s, self.slow_interval_s = interval_ms / 1000, slow_interval_ms / 1000
         self.forecast = forecast or SlowdownForecast()
         self.history: deque[Observation] = deque(maxlen=window)
         self.proc, self.sys = Path(proc), Path(sys)
@@ -201,6 +220,7 @@ class Monitor:
                 log.info("no %s and no psutil: CPU availability is not measured", self.proc / "stat")
         self._cpu_prev = self._cpu_times()
         self._reading: Reading | None = None
+        self._slow: _Slow | None = None
         self._cpu_s = 0.0
         self._samples = 0
         self._born = time.perf_counter()
@@ -247,6 +267,18 @@ class Monitor:
                         return float(item[6:])
         return None
 
+    def _slow_figures(self, now: float) -> "_Slow":
+        if self._slow is not None and now - self._slow.time < self.slow_interval_s:
+            return self._slow
+        try:
+            cpu_count = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpu_count = os.cpu_count() or 1
+        self._slow = _Slow(now, cpu_count, self._cgroups.cpu_quota(), self._cgroups.memory_left_mb(),
+                           self._mean_of(self._freq_files, 1000.0, lambda v: sum(v) / len(v)),
+                           self._mean_of(self._temp_files, 1000.0, max))
+        return self._slow
+
     def _mean_of(self, files: list[str], scale: float, reduce) -> float | None:
         values = []
         for f in files:
@@ -264,35 +296,37 @@ class Monitor:
         return self._reading
 
     def sample(self, force: bool = False) -> Reading:
-        """A reading of the device, taken now if the last is older than ``interval_ms`` (or ``force``)."""
+        """A reading of the device, taken now if the last is older than ``interval_ms`` (or ``force``:
+        then the slow figures too)."""
         now = time.time()
         if not force and self._reading is not None and now - self._reading.time < self.interval_s:
             return self._reading
         c0 = time.thread_time()
-        try:
-            cpu_count = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpu_count = os.cpu_count() or 1
-        quota = self._cgroups.cpu_quota()
-        others = available = None
+        if force:
+            self._slow = None
+        slow = self._slow_figures(now)
+        cpu_count, quota = slow.cpu_count, slow.cpu_quota
+        last = self._reading
+        others, available = (last.cpu_others, last.cpu_available) if last is not None else (None, None)
         cur = self._cpu_times()
-        if cur is not None and self._cpu_prev is not None and cur[1] > self._cpu_prev[1]:
+        # /proc/stat counts in ticks (10 ms): over a shorter span the busy share is mostly rounding,
+        # so the last figures stand until the counters have moved by _MIN_SPAN_S per CPU
+        if cur is not None and self._cpu_prev is not None and cur[1] - self._cpu_prev[1] >= _MIN_SPAN_S * cur[3]:
             busy, total, own = (a - b for a, b in zip(cur[:3], self._cpu_prev[:3]))
             # /proc/stat's total is the sum over all CPUs: busy/total is the busy share of all of them
             others = max(0.0, (busy - own) / total * cur[3])
             limit = min(cpu_count, quota) if quota is not None else cpu_count
             available = max(0.0, limit - others)
-        if cur is not None and (self._cpu_prev is None or cur[1] > self._cpu_prev[1]):
+            self._cpu_prev = cur
+        elif cur is not None and self._cpu_prev is None:
             self._cpu_prev = cur
         mem = self._meminfo_mb()
-        left = self._cgroups.memory_left_mb()
-        if left is not None:
-            mem = left if mem is None else min(mem, left)
+        if slow.memory_left_mb is not None:
+            mem = slow.memory_left_mb if mem is None else min(mem, slow.memory_left_mb)
         self._reading = Reading(
             time=now, cpu_count=cpu_count, cpu_quota=quota, cpu_others=others, cpu_available=available,
-            cpu_pressure=self._pressure(), mem_available_mb=mem,
-            cpu_freq_mhz=self._mean_of(self._freq_files, 1000.0, lambda v: sum(v) / len(v)),
-            temperature_c=self._mean_of(self._temp_files, 1000.0, max))
+            cpu_pressure=self._pressure(), mem_available_mb=mem, cpu_freq_mhz=slow.cpu_freq_mhz,
+            temperature_c=slow.temperature_c)
         self._samples += 1
         self._cpu_s += time.thread_time() - c0
         return self._reading

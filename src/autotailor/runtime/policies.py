@@ -3,8 +3,9 @@
 A policy is a plug-in in the spirit of Mistify's tailoring algorithms (Init, Measure, Adjust):
 its constructor takes its options (Init), :meth:`Policy.observe` sees every served inference
 (Measure) and :meth:`Policy.choose` returns the SubNet for the next one (Adjust), given the
-SubNets that fit the memory budget (least accurate first), the goal and the state the runtime
-and its monitor keep::
+SubNets that fit the memory budget (least accurate first, each with its idle latency in place
+as ``latency_ms``: see ``runtime.py``; compare SubNets by name), the goal and the state the
+runtime and its monitor keep::
 
     @register_policy("fastest-when-hot")
     class FastestWhenHot(Policy):
@@ -122,29 +123,28 @@ def best_fitting(subnets: Sequence["SubNetEntry"], slo_ms: float, slowdown: floa
 
 @register_policy("static")
 class Static(Policy):
-    """One SubNet for good: ``pick`` is ``best-at-idle`` (the most accurate whose manifest latency
+    """One SubNet for good: ``pick`` is ``best-at-idle`` (the most accurate whose idle latency
     meets the goal; the fastest if none does), ``largest`` (the slowest), ``smallest`` (the
     fastest) or a SubNet's name."""
 
     def __init__(self, pick: str = "best-at-idle"):
         self.pick = pick
-        self._chosen: SubNetEntry | None = None
+        self._chosen: str | None = None  # by name: the runtime refines the entries' latencies
 
     def choose(self, subnets, goal, state):
-        if self._chosen is None or self._chosen not in subnets:
+        if self._chosen is None or self._chosen not in {s.name for s in subnets}:
             if self.pick == "best-at-idle":
-                self._chosen = best_fitting(subnets, goal.slo_ms)
+                self._chosen = best_fitting(subnets, goal.slo_ms).name
             elif self.pick == "largest":
-                self._chosen = max(subnets, key=lambda s: (s.latency_ms, s.accuracy))
+                self._chosen = max(subnets, key=lambda s: (s.latency_ms, s.accuracy)).name
             elif self.pick == "smallest":
-                self._chosen = fastest(subnets)
+                self._chosen = fastest(subnets).name
+            elif self.pick in {s.name for s in subnets}:
+                self._chosen = self.pick
             else:
-                named = [s for s in subnets if s.name == self.pick]
-                if not named:
-                    raise PolicyError(f"static policy: pick={self.pick!r} is not best-at-idle, largest, smallest "
-                                      f"or a SubNet within the memory budget ({[s.name for s in subnets]})")
-                self._chosen = named[0]
-        return self._chosen
+                raise PolicyError(f"static policy: pick={self.pick!r} is not best-at-idle, largest, smallest "
+                                  f"or a SubNet within the memory budget ({[s.name for s in subnets]})")
+        return next(s for s in subnets if s.name == self._chosen)
 
 
 class _Stepping(Policy):
@@ -173,7 +173,7 @@ class _Stepping(Policy):
         cur = state.current
         if self._up_at is not None and state.now - self._up_at >= self.quiet_now:
             self.quiet_now, self._up_at = self.quiet_s, None  # the step up held
-        if cur is None or cur not in subnets:
+        if cur is None or cur.name not in {s.name for s in subnets}:
             return best_fitting(subnets, goal.slo_ms, slowdown or 1.0)
         if slowdown is None:
             return cur
@@ -195,7 +195,7 @@ class _Stepping(Policy):
 @register_policy("reactive")
 class Reactive(_Stepping):
     """AdaptiveNet's runtime switching: the ratio ``r`` of the current SubNet's recent observed
-    latency (the median of its last ``window`` inferences) to its manifest latency scales every
+    latency (the median of its last ``window`` inferences) to its idle latency scales every
     SubNet's latency; when the recent latency misses the goal, the most accurate SubNet within
     ``slo / r`` takes over; after a quiet period, a more accurate one that meets it with the
     margin. It reacts only to what the current SubNet has shown (no forecast)."""
@@ -216,7 +216,7 @@ class Reactive(_Stepping):
 
 @register_policy("forecast")
 class Forecast(_Stepping):
-    """AdaScale's proactive choice: the most accurate SubNet whose manifest latency times the
+    """AdaScale's proactive choice: the most accurate SubNet whose idle latency times the
     forecast's upper bound of the slowdown meets the goal: the larger of the last 20
     inferences' time-weighted mean slowdown (the inverse of the CPU share we get, which holds
     for every SubNet) and their 90th percentile (see ``forecast.py``). Unlike ``reactive``, it

@@ -14,6 +14,20 @@ the switch cost. The budget in force is ``memory_mb``, and at most ``memory_head
 memory the monitor finds available (plus what the loaded SubNets hold), so that memory
 pressure from other processes unloads SubNets and, at worst, narrows the choice.
 
+Idle latencies in place: the manifest's latency is measured back to back by the profiler;
+served one at a time through this process, every call costs a little more (input
+conversion, the runtime's call, a cooler cache), about the same for every SubNet and a large
+share of a sub-millisecond one. A slowdown against the manifest would then say "loaded" at
+idle, more so for the fastest SubNet, and the policies would scale every SubNet by the wrong
+factor. So each SubNet, once loaded, runs ``calibration_runs`` more times on zeros; the median
+less its manifest latency is the excess of one call in place. Every SubNet's idle latency in
+place is its manifest latency plus the smallest excess measured so far: a load on the device
+only adds to an excess (a SubNet measured under one would otherwise look slower than it is),
+and the first SubNet measured at idle sets it for all. No SubNet is measured while the monitor
+finds less than half a core per thread free. The policies and the monitor get
+copies of the SubNets that carry these latencies (``idle_ms``) as ``measured_latency_ms``,
+hence ``latency_ms``, in the bundle's order.
+
 Needs numpy and onnxruntime only (no torch): a device runs it without the compiler.
 """
 
@@ -26,7 +40,7 @@ import statistics
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -50,7 +64,7 @@ class InferenceRecord:
     end: float
     subnet: str
     latency_ms: float
-    slowdown: float  # latency_ms / the SubNet's manifest latency
+    slowdown: float  # latency_ms / the SubNet's idle latency in place (see ``Runtime.idle_ms``)
     forecast_mean: float  # the slowdown forecast after this inference
     forecast_upper: float
     switch_ms: float | None  # the switch this inference waited for (None: no switch)
@@ -83,16 +97,18 @@ class Runtime:
     def __init__(self, bundle: Bundle | str | Path, slo_ms: float, memory_mb: float | None = None,
                  policy: str | Policy = "forecast", monitor: Monitor | None = None, *, threads: int = 1,
                  policy_options: Mapping[str, Any] | None = None, memory_headroom: float | None = 0.5,
-                 history: int = 100_000, resize: bool = True):
+                 history: int = 100_000, resize: bool = True, calibration_runs: int = 5):
         if not (isinstance(slo_ms, (int, float)) and slo_ms > 0 and math.isfinite(slo_ms)):
             raise ServingError(f"slo_ms must be a positive number of milliseconds (got {slo_ms!r})")
         if memory_mb is not None and not memory_mb > 0:
             raise ServingError(f"memory_mb must be positive or None (got {memory_mb!r})")
         if threads < 1:
             raise ServingError(f"threads must be >= 1 (got {threads})")
+        if calibration_runs < 0:
+            raise ServingError(f"calibration_runs must be >= 0 (got {calibration_runs})")
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self.slo_ms, self.memory_mb, self.threads = float(slo_ms), memory_mb, threads
-        self.memory_headroom, self.resize = memory_headroom, resize
+        self.memory_headroom, self.resize, self.calibration_runs = memory_headroom, resize, calibration_runs
         self.subnets = tuple(s for s in self.bundle if memory_mb is None or s.memory_mb <= memory_mb)
         if not self.subnets:
             small = min(self.bundle, key=lambda s: s.memory_mb)
@@ -107,6 +123,9 @@ class Runtime:
         self.monitor = monitor or Monitor()
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._current: SubNetEntry | None = None
+        self._excess: float | None = None  # the smallest excess of a call in place over the manifest
+        self._in_place: dict[str, SubNetEntry] = {}  # every SubNet with its expected idle latency in place
+        self._update_in_place()
         self._switched_at = -math.inf
         self._recent: deque[float] = deque(maxlen=64)
         self._last_violation: float | None = None
@@ -135,6 +154,34 @@ class Runtime:
     @property
     def last_record(self) -> InferenceRecord | None:
         return self._records[-1] if self._records else None
+
+    @property
+    def idle_ms(self) -> dict[str, float]:
+        """Each SubNet's idle latency in place: measured once loaded, estimated before (module docstring)."""
+        return {name: e.latency_ms for name, e in self._in_place.items()}
+
+    def _update_in_place(self) -> None:
+        excess = self._excess or 0.0
+        self._in_place = {s.name: replace(s, measured_latency_ms=s.latency_ms + excess) for s in self.subnets}
+
+    def _calibrate(self, entry: SubNetEntry, session: Session) -> None:
+        if not self.calibration_runs:
+            return
+        reading = self.monitor.reading
+        if reading is not None and reading.cpu_available is not None and reading.cpu_available < 0.5 * self.threads:
+            log.debug("SubNet %s not calibrated: %.2f cores free", entry.name, reading.cpu_available)
+            return
+        x = np.zeros((1, *entry.input_shape[1:]), dtype=np.float32)
+        times = []
+        for _ in range(self.calibration_runs):
+            t0 = time.perf_counter()
+            session.run(x)
+            times.append((time.perf_counter() - t0) * 1000)
+        excess = max(0.0, statistics.median(times) - entry.latency_ms)
+        log.debug("SubNet %s: %.3f ms more in place than the manifest's %.3f ms", entry.name, excess, entry.latency_ms)
+        if self._excess is None or excess < self._excess:
+            self._excess = excess
+            self._update_in_place()
 
     def _now(self) -> float:
         return self._wall0 + (time.perf_counter() - self._perf0)
@@ -172,6 +219,7 @@ class Runtime:
             except Exception as exc:
                 raise ServingError(f"SubNet {entry.name!r} ({self.bundle.path(entry)}) fails on zeros of shape "
                                    f"{(1, *entry.input_shape[1:])}: {exc}") from exc
+            self._calibrate(entry, session)
             self._sessions[entry.name] = session
             self.loads += 1
         self._sessions.move_to_end(entry.name)
@@ -205,16 +253,20 @@ class Runtime:
             reading = self.monitor.sample()
             now = self._now()
             budget = self.budget_mb(reading)
-            fitting = [s for s in self.subnets if budget is None or s.memory_mb <= budget]
-            candidates = tuple(fitting) or (min(self.subnets, key=lambda s: s.memory_mb),)
-            state = PolicyState(now, self._current, now - self._switched_at, tuple(self._recent),
+            in_place = self._in_place
+            fitting = [in_place[s.name] for s in self.subnets if budget is None or s.memory_mb <= budget]
+            candidates = tuple(fitting) or (in_place[min(self.subnets, key=lambda s: s.memory_mb).name],)
+            current = in_place[self._current.name] if self._current is not None else None
+            state = PolicyState(now, current, now - self._switched_at, tuple(self._recent),
                                 self.monitor.forecast.state(), reading, self._last_violation)
-            choice = self.policy.choose(candidates, Goal(self.slo_ms, budget), state)
-            if choice not in candidates:
-                raise PolicyError(f"policy {self.policy.name!r} chose {getattr(choice, 'name', choice)!r}, which is not "
+            chosen = self.policy.choose(candidates, Goal(self.slo_ms, budget), state)
+            name = getattr(chosen, "name", chosen)
+            if name not in {s.name for s in candidates}:
+                raise PolicyError(f"policy {self.policy.name!r} chose {name!r}, which is not "
                                   f"one of the SubNets it was given ({[s.name for s in candidates]})")
+            choice = self.bundle[name]
             switch_ms = None
-            if choice is not self._current:
+            if current is None or name != current.name:
                 switch_ms = self._make_current(choice, budget)
                 self._switched_at = self._now()
             xs = self._fit(x, choice)
@@ -226,7 +278,7 @@ class Runtime:
                 raise ServingError(f"SubNet {choice.name!r} failed on an input of shape {xs.shape}: {exc}") from exc
             t1 = time.perf_counter()
             latency = (t1 - t0) * 1000
-            slowdown = self.monitor.observe(choice, latency)
+            slowdown = self.monitor.observe(self._in_place[name], latency)
             self._recent.append(latency)
             end = self._wall0 + (t1 - self._perf0)
             if latency > self.slo_ms:
@@ -262,6 +314,7 @@ class Runtime:
             "accuracy": statistics.fmean(self.bundle[r.subnet].accuracy for r in recs) if recs else None,
             "monitor": {"cpu_s": overhead.cpu_s, "share": overhead.share, "samples": overhead.samples},
             "forecast": {"mae": fc.mae, "coverage": fc.coverage},
+            "idle_ms": self.idle_ms,
         }
 
     def write_records(self, path: str | Path) -> Path:

@@ -176,6 +176,7 @@ class Service:
         rt = self.runtime
         return {"status": "ok", "protocol": PROTOCOL, "bundle": str(rt.bundle.root),
                 "subnets": [{"name": s.name, "input_shape": list(s.input_shape), "latency_ms": s.latency_ms,
+                             "idle_ms": rt.idle_ms[s.name],
                              "accuracy": s.accuracy, "memory_mb": s.memory_mb} for s in rt.subnets],
                 "input": {"dtype": "float32", "byte_order": "little", "takes": self.takes,
                           "example_shape": list(self.example)},
