@@ -369,6 +369,27 @@ def test_ncnn_and_openvino_files_as_the_hosts_backends_deploy_them_are_measured(
     assert list(agent["workdir"].iterdir()) == []
 
 
+class _ConvPlus(nn.Module):
+    """A kernel of two inputs, as a convolution fused with a residual add is."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x, skip):
+        return self.conv(x) + skip
+
+
+@pytest.mark.parametrize("backend", ["ort-cpu", "ncnn", "openvino"])
+def test_a_kernel_of_two_inputs_is_written_for_the_device_and_measured_there(agent, backend, tmp_path):
+    from autotailor.predict.latency.backends import make_backend
+
+    shapes = [(1, 3, 16, 16), (1, 8, 16, 16)]
+    path = make_backend(backend).kernel_file(_ConvPlus().eval(), shapes, tmp_path / "kernel")
+    r = AgentClient(agent["url"], agent["token"]).measure(path, backend, inputs=[list(s) for s in shapes], **FAST)
+    assert r["backend"] == backend and 0 < r["median_ms"] < 50 and r["inputs"] == [list(s) for s in shapes]
+
+
 def test_a_host_profiles_and_predicts_through_the_agent(agent, tmp_path, capsys):
     # --device remote:HOST:PORT/BACKEND: each kernel is exported here and timed by the agent.
     import autotailor as at
@@ -376,8 +397,19 @@ def test_a_host_profiles_and_predicts_through_the_agent(agent, tmp_path, capsys)
     from autotailor.predict.latency import LutStore
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
-                          nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+
+    class Residual(nn.Module):  # its second convolution fuses with the add: a kernel of two inputs
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                      nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16))
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + x)
+
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), Residual(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
     work = tmp_path / "w"
     work.mkdir()
     at.compile(model, torch.zeros(1, 3, 16, 16), config="[var.global_vars]\nresolution = [16]").save(work / "supernet.pt")

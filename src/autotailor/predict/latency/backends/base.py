@@ -212,6 +212,14 @@ class Backend:
         """The output of the deployed model at ``path`` for the input batch ``x``."""
         raise NotImplementedError
 
+    def kernel_file(self, module: nn.Module, input_shapes: list[Shape], path: str | Path) -> Path:
+        """Write one kernel (any number of inputs) in this runtime's format at ``path`` (suffix
+        replaced), for a device to time; ``deployed_files`` of the result are all it needs."""
+        if len(input_shapes) != 1:
+            raise LatencyError(f"the {self.name} backend cannot write a kernel of {len(input_shapes)} inputs as a "
+                               "file; profile it locally")
+        return self.deploy(module, path, input_shapes[0])
+
     @classmethod
     def deploy_path(cls, path: str | Path) -> Path:
         """Where ``deploy(net, path, ...)`` writes: ``path`` with the backend's suffix."""

@@ -76,6 +76,11 @@ class Ncnn(Backend):
             self._widest = out.elempack if isinstance(out, ncnn.Mat) else 1
         return next(p for p in (16, 8, 4, 1) if p <= self._widest and channels % p == 0)
 
+    def kernel_file(self, module: nn.Module, input_shapes: list[Shape], path: str | Path) -> Path:
+        from autotailor.deploy import export_ncnn
+
+        return export_ncnn(module, self.deploy_path(path), input_shapes)[0]
+
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         from autotailor.deploy import export_ncnn
 

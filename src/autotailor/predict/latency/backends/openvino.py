@@ -43,6 +43,9 @@ class OpenVino(Backend):
         with tempfile.TemporaryDirectory() as tmp:
             return self._runner(_to_ir(module, Path(tmp) / "kernel.xml", input_shapes), input_shapes)
 
+    def kernel_file(self, module: nn.Module, input_shapes: list[Shape], path: str | Path) -> Path:
+        return _to_ir(module, self.deploy_path(path), input_shapes)
+
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
         return _to_ir(net, self.deploy_path(path), [tuple(input_shape)])
 

@@ -124,6 +124,11 @@ class OrtCpu(Backend):
 
         return export_onnx(net, self.deploy_path(path), input_shape)
 
+    def kernel_file(self, module: nn.Module, input_shapes: list[Shape], path: str | Path) -> Path:
+        out = self.deploy_path(path)
+        out.write_bytes(_onnx_bytes(module, input_shapes))
+        return out
+
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         import onnxruntime as ort
 

@@ -75,8 +75,7 @@ class Remote(Backend):
         return Measurement(r["median_ms"], r["mad_ms"], r["repeats"], r["measured_at"])
 
     def _deployed(self, module: nn.Module, input_shapes: list[Shape], tmp: str) -> Path:
-        shape = input_shapes[0] if len(input_shapes) == 1 else input_shapes  # type: ignore[assignment]
-        return self.inner.deploy(module.eval(), Path(tmp) / "kernel", shape)  # type: ignore[arg-type]
+        return self.inner.kernel_file(module.eval(), input_shapes, Path(tmp) / "kernel")
 
     def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
         shapes = _shapes(input_shape)
