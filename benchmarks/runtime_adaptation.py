@@ -5,9 +5,15 @@ about 8 min on 2 cores)::
 
     .venv/bin/python benchmarks/runtime_adaptation.py --work /tmp/demo
     .venv/bin/python benchmarks/runtime_adaptation.py --bundle BUNDLE_DIR --slo-ms 3 --repeats 2
+    # the tuned CIFAR-10 fronts (the SuperNets kept in benchmarks/artifacts, profiled, their
+    # sensitivities measured, searched and exported first: about 20 min; ~20 min per front then)
+    .venv/bin/python benchmarks/runtime_adaptation.py --front resnet18 --repeats 3
 
-Input: a bundle (``--bundle``) or a work directory (``--work``), from which
-``autotailor bundle WORK --out WORKDIR/bundle`` makes one.
+Input: a bundle (``--bundle``), a work directory (``--work``), from which
+``autotailor bundle WORK --out WORKDIR/bundle`` makes one, or ``--front MODEL``: the work
+directory ``benchmarks/baselines.py`` makes of MODEL's tuned SuperNet (``autotailor_work``:
+profile on ``ort-cpu:threads=1``, sensitivity on CIFAR-10 from ``--data``, search over 8
+budgets), exported as ONNX and bundled.
 
 Conditions, written once into the work folder (``benchmarks/work/runtime_adaptation/traces/``)
 and read back from there, so that a second run replays the same ones (``--rewrite`` draws them
@@ -34,9 +40,12 @@ within the calibration weighs on every level alike) and, within a block, round-r
 SubNets (so that it weighs on every SubNet alike). The idle blocks are repeated after the runs:
 their difference is the drift over the benchmark.
 
-The goal, unless ``--slo-ms`` is given: 1.1 x the largest SubNet's calibrated 99th percentile
-at idle, rounded up to 0.1 ms, so that the largest meets it at idle with a 10 % margin for
-drift; the report gives the share of the largest's calibrated latencies under load above it.
+The goal, unless ``--slo-ms`` is given: ``--goal-factor`` (1.5) x the largest SubNet's calibrated
+idle median, rounded up to 0.1 ms: the largest meets it at idle but for this machine's noise
+tail, and misses it once a competing process halves the share of the CPU it gets. (A goal
+above the largest's idle 99th percentile, the first version's, left it met under two busy
+processes: they slow a 4 ms SubNet by less than that tail.) The report gives the share of the
+largest's calibrated latencies above the goal per load level.
 
 Every run: a fresh ``Runtime`` (threads=1, no memory budget), a warm-up of 5 inferences per
 SubNet at idle before the trace (every SubNet loaded, so that the runs compare switching, not
@@ -46,8 +55,9 @@ requests included), mean accuracy (each served SubNet's accuracy from the manife
 and their total cost, the monitor's CPU time over the run's wall time, the forecast's error.
 Runs go trace by trace, policies in an order rotated by repeat and by trace.
 
-Results: ``benchmarks/results/runtime_adaptation.{json,md}`` and a timeline per trace,
-``benchmarks/results/runtime_adaptation_TRACE.png``; per-run records in the work folder.
+Results: ``benchmarks/results/runtime_adaptation.{json,md}`` (``runtime_adaptation_MODEL`` for
+``--front MODEL``) and a timeline per trace, ``benchmarks/results/runtime_adaptation[_MODEL]_TRACE.png``;
+per-run records in the work folder.
 """
 
 from __future__ import annotations
@@ -290,6 +300,8 @@ def summarize(bundle: Bundle, slo: float, rows: list[dict], monitor_cpu: float, 
         "switch_ms_median": statistics.median(switches) if switches else None,
         "switch_ms_max": max(switches, default=None),
         "p50_ms": q(lat, 0.5), "p99_ms": q(lat, 0.99), "by_level": by_level, "per_subnet": per,
+        # ~1 when the runtime's idle latencies in place are right
+        "idle_slowdown_p50": statistics.median([r["slowdown"] for r in rows if r["level"] == 0] or [math.nan]),
         "monitor_cpu_s": monitor_cpu, "wall_s": wall, "monitor_share": monitor_cpu / wall,
         "forecast_mae": fc.mae, "forecast_coverage": fc.coverage,
         # cores other processes kept busy (the monitor's readings), less the injected load
@@ -354,13 +366,23 @@ def plot(trace: str, slo: float, bundle: Bundle, work: Path, policies: list[str]
 
 
 # ---------------------------------------------------------------- main
+def results_name(args) -> str:
+    """``runtime_adaptation``, or ``runtime_adaptation_MODEL`` for a ``--front``."""
+    return f"runtime_adaptation_{args.front}" if args.front else "runtime_adaptation"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--bundle", help="a bundle directory")
     src.add_argument("--work", help="a work directory with exports; bundled into WORKDIR/bundle")
+    src.add_argument("--front", choices=("resnet18", "mobilenet_v2"), help="a tuned CIFAR-10 front (see above)")
+    p.add_argument("--data", default=None, help="CIFAR-10 (train.zip, test.zip) for --front "
+                   "(default: ../shared/data/cifar10 or $AUTOTAILOR_CIFAR10)")
     p.add_argument("--workdir", default=str(HERE / "work" / "runtime_adaptation"))
     p.add_argument("--slo-ms", type=float, default=None, help="the goal (default: from the calibration)")
+    p.add_argument("--goal-factor", type=float, default=1.5,
+                   help="without --slo-ms, the goal is this times the largest SubNet's idle median")
     p.add_argument("--rate", type=float, default=100.0, help="requests per second")
     p.add_argument("--duration", type=float, default=20.0, help="seconds per run")
     p.add_argument("--traces", default=",".join(TRACES))
@@ -376,9 +398,17 @@ def main() -> None:
     started = time.time()
     work = Path(args.workdir)
     (work / "records").mkdir(parents=True, exist_ok=True)
+    cli = Path(sys.executable).with_name("autotailor")
+    if args.front:
+        import baselines
+        from common import default_cifar10
+
+        front = baselines.autotailor_work(args.front, args.data or default_cifar10(), HERE / "work" / "baselines")
+        if not (front / "exports.json").is_file():
+            subprocess.run([str(cli), "export", str(front), "--format", "onnx"], check=True)
+        args.work = str(front)
     if args.work:
         bundle_dir = work / "bundle"
-        cli = Path(sys.executable).with_name("autotailor")
         subprocess.run([str(cli), "bundle", args.work, "--out", str(bundle_dir)], check=True)
     else:
         bundle_dir = Path(args.bundle)
@@ -389,7 +419,7 @@ def main() -> None:
 
     calib = calibrate(bundle, args.rate, args.calib_n, (0, 1, 2, 2, 1, 0))
     largest = max(bundle, key=lambda s: (s.latency_ms, s.accuracy))
-    slo = args.slo_ms or math.ceil(1.1 * q(calib[0][largest.name], 0.99) * 10) / 10
+    slo = args.slo_ms or math.ceil(args.goal_factor * q(calib[0][largest.name], 0.5) * 10) / 10
     table = {}
     for level in LEVELS:
         fits = [s for s in bundle if q(calib[level][s.name], args.oracle_quantile) <= slo]
@@ -414,7 +444,7 @@ def main() -> None:
 
     for trace in traces:
         plot(trace, slo, bundle, work, policies, read_layers(work / "traces", trace), arrivals.duration_s,
-             HERE / "results" / f"runtime_adaptation_{trace}.png")
+             HERE / "results" / f"{results_name(args)}_{trace}.png")
     report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, policies, time.time() - started)
 
 
@@ -435,7 +465,8 @@ def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, pol
              f"{args.duration:g} s per run, {args.repeats} run(s) per (trace, policy). "
              f"Goal: **{slo:g} ms** per inference"
              + (" (given)." if args.slo_ms else
-                f" = 1.1 x the largest SubNet's ({largest.name}) calibrated p99 at idle, rounded up to 0.1 ms."), "",
+                f" = {args.goal_factor:g} x the largest SubNet's ({largest.name}) calibrated idle median, rounded up "
+                "to 0.1 ms."), "",
              "## Calibration (ms; session.run on the resized input, one request every "
              f"{1000 / args.rate:g} ms; {2 * args.calib_n} per SubNet and level, blocks 0,1,2,2,1,0)", "",
              "| SubNet | accuracy | manifest | idle p50 | idle p99 | 1 busy p50 | 1 busy p99 | 2 busy p50 | 2 busy p99 "
@@ -461,11 +492,13 @@ def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, pol
               "the same for arrival-to-answer time, the wait behind earlier requests and switches included. "
               "Switch cost: every change of SubNet during the run (all SubNets were loaded by the warm-up). "
               "Monitor: its CPU time over the run's wall time, in % of one core. Other load: the mean cores other "
-              "processes kept busy (the monitor's readings) beyond the injected load.", "",
+              "processes kept busy (the monitor's readings) beyond the injected load. Idle slowdown: the median "
+              "slowdown the runtime saw while no load was injected (observed latency over its idle latency in "
+              "place; about 1 when that is right).", "",
               "| trace | policy | within goal % | response % | idle / 1 / 2 busy % | accuracy % | switches | "
               "switch cost total (median, max) ms | p50 / p99 ms | monitor % core | forecast MAE, coverage | "
-              "other load (cores) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "idle slowdown | other load (cores) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in traces:
         for p_ in policies:
             r = summary[t].get(p_)
@@ -480,7 +513,7 @@ def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, pol
             lines.append(f"| {t} | {p_} | {met} | {r['response_met'] * 100:.1f} | {lv} | {r['accuracy'] * 100:.2f} | "
                          f"{r['switches']:g} | {sw} | {r['p50_ms']:.2f} / {r['p99_ms']:.2f} | "
                          f"{r['monitor_share'] * 100:.2f} | {r['forecast_mae']:.2f}, {r['forecast_coverage']:.2f} | "
-                         f"{r['others_beyond_load']:.2f} |")
+                         f"{r['idle_slowdown_p50']:.2f} | {r['others_beyond_load']:.2f} |")
     # targets
     lines += ["", "## The issue's targets", ""]
     targets = {}
@@ -510,7 +543,7 @@ def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, pol
                      f"{'met' if max(sw) < fastest_p50 else 'NOT met'})")
     targets["monitor_max_share"] = max(shares)
     targets["switch_ms_max"] = max(sw, default=None)
-    lines += ["", "Timelines: " + ", ".join(f"`runtime_adaptation_{t}.png`" for t in traces) + "."]
+    lines += ["", "Timelines: " + ", ".join(f"`{results_name(args)}_{t}.png`" for t in traces) + "."]
     data = {"machine": m, "commit": commit, "command": command, "seconds": seconds, "slo_ms": slo,
             "bundle": str(bundle_dir), "rate": args.rate, "duration": args.duration, "repeats": args.repeats,
             "oracle_table": table, "targets": targets,
@@ -518,7 +551,7 @@ def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, pol
                             for lv in LEVELS},
             "after": {n: {"p50": q(v, 0.5), "p99": q(v, 0.99)} for n, v in after.items()},
             "summary": summary, "runs": runs}
-    write_results(HERE / "results", "runtime_adaptation", data, "\n".join(lines) + "\n")
+    write_results(HERE / "results", results_name(args), data, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

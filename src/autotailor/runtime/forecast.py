@@ -60,6 +60,7 @@ class SlowdownForecast:
                              f"(got {window}, {quantile}, {prior_upper})")
         self.window, self.quantile, self.prior_upper = window, quantile, prior_upper
         self._recent: deque[tuple[float, float]] = deque(maxlen=window)  # (slowdown, weight)
+        self._sw = self._w = 0.0  # the window's sums of slowdown x weight and of weight
         self.mean, self.upper = 1.0, prior_upper
         self.n = 0
         self._abs_err = 0.0
@@ -70,9 +71,16 @@ class SlowdownForecast:
         self._covered += slowdown <= self.upper
         if self.n == 0:
             self._recent.extend([(1.0, weight)] * self.window)
+            self._sw = self._w = weight * self.window
         self.n += 1
+        if len(self._recent) == self.window:
+            s0, w0 = self._recent[0]
+            self._sw -= s0 * w0
+            self._w -= w0
         self._recent.append((slowdown, weight))
-        self.mean = sum(s * w for s, w in self._recent) / sum(w for _, w in self._recent)
+        self._sw += slowdown * weight
+        self._w += weight
+        self.mean = self._sw / self._w
         ordered = sorted(s for s, _ in self._recent)
         self.upper = max(self.mean, ordered[max(0, math.ceil(self.quantile * len(ordered)) - 1)])
 

@@ -6,10 +6,10 @@ most of a sample: the cgroup files lie along a path of folders):
 
 - CPU: the CPUs this process may use (affinity, slow), the cgroup's CPU quota in cores (slow; v2
   ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``; None when unlimited), the cores
-  other processes kept busy since the last sample, over at least 50 ms (the counters
-  tick every 10 ms; ``/proc/stat`` less this process's own time from ``/proc/self/stat``; psutil where there
-  is no ``/proc``), what that leaves of the CPUs
-  and quota, and the CPU pressure (PSI ``/proc/pressure/cpu``, "some avg10");
+  other processes kept busy since the last sample, over at least 50 ms (the counters tick
+  every 10 ms; ``/proc/stat`` less this process's own CPU time; psutil where there is no
+  ``/proc``), what that leaves of the CPUs and quota, and the CPU pressure (PSI
+  ``/proc/pressure/cpu``, "some avg10");
 - memory: ``MemAvailable`` of ``/proc/meminfo``, capped by the cgroup's memory limit less its
   usage (slow);
 - the CPU frequency and temperature where ``/sys`` exposes them (slow; ``cpufreq/scaling_cur_freq``,
@@ -31,7 +31,6 @@ import glob
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,14 +71,6 @@ class _Slow:
     memory_left_mb: float | None
     cpu_freq_mhz: float | None
     temperature_c: float | None
-
-
-@dataclass(frozen=True)
-class Observation:
-    time: float
-    subnet: str
-    latency_ms: float
-    slowdown: float
 
 
 @dataclass(frozen=True)
@@ -198,12 +189,10 @@ class _Cgroups:
 class Monitor:
     """Samples the device (see the module docstring) and keeps the observed slowdowns."""
 
-    def __init__(self, interval_ms: float = 100.0, forecast: SlowdownForecast | None = None,
-                 window: int = 256, proc: str | Path = "/proc", sys: str | Path = "/sys",
-                 slow_interval_ms: float = 1000.0):
+    def __init__(self, interval_ms: float = 250.0, forecast: SlowdownForecast | None = None,
+                 proc: str | Path = "/proc", sys: str | Path = "/sys", slow_interval_ms: float = 1000.0):
         self.interval_s, self.slow_interval_s = interval_ms / 1000, slow_interval_ms / 1000
         self.forecast = forecast or SlowdownForecast()
-        self.history: deque[Observation] = deque(maxlen=window)
         self.proc, self.sys = Path(proc), Path(sys)
         self._cgroups = _Cgroups(self.proc, self.sys)
         self._freq_files = sorted(glob.glob(str(self.sys / "devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq")))
@@ -235,8 +224,7 @@ class Monitor:
             own = self._psutil.Process().cpu_times()
             return total - idle, total, own.user + own.system, self._psutil.cpu_count() or 1
         text = _read(self.proc / "stat")
-        mine = _read(self.proc / "self/stat")
-        if text is None or mine is None:
+        if text is None:
             return None
         lines = text.splitlines()
         try:
@@ -245,11 +233,9 @@ class Monitor:
             total = sum(v[:8])
             busy = total - v[3] - (v[4] if len(v) > 4 else 0)
             ncpu = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
-            own_fields = mine.rsplit(")", 1)[1].split()  # the command name may hold spaces
-            own = (int(own_fields[11]) + int(own_fields[12])) / self._ticks  # utime, stime
         except (IndexError, ValueError):
             return None
-        return busy / self._ticks, total / self._ticks, own, max(1, ncpu)
+        return busy / self._ticks, total / self._ticks, time.process_time(), max(1, ncpu)
 
     def _meminfo_mb(self) -> float | None:
         for line in (_read(self.proc / "meminfo") or "").splitlines():
@@ -335,15 +321,9 @@ class Monitor:
         """Record one inference of ``entry`` that took ``latency_ms``; return its slowdown."""
         c0 = time.thread_time()
         slowdown = latency_ms / entry.latency_ms
-        self.history.append(Observation(time.time(), entry.name, latency_ms, slowdown))
         self.forecast.update(slowdown, entry.latency_ms)
         self._cpu_s += time.thread_time() - c0
         return slowdown
-
-    def recent(self, subnet: str, since: float = 0.0, n: int | None = None) -> list[float]:
-        """The observed latencies (ms) of ``subnet`` since ``since`` (time.time()), the last ``n``."""
-        out = [o.latency_ms for o in self.history if o.subnet == subnet and o.time >= since]
-        return out[-n:] if n else out
 
     @property
     def overhead(self) -> Overhead:
