@@ -21,8 +21,8 @@ again):
 
 * load traces, each one or two ``CpuSchedule`` files run by ``LoadHarness`` (one busy process
   each, nice 0, period 20 ms so that a change takes effect within 20 ms): ``none``; ``step``
-  (one process, i.e. the core the runtime does not use, from 20 % of the run, a second one,
-  i.e. both cores, from 45 %, none from 75 %); ``bursty`` (seeded: idle stretches of 0.5-3 s,
+  (one process, i.e. the core the runtime does not use, from 15 % of the run, a second one,
+  i.e. both cores, from 35 %, none from 90 %); ``bursty`` (seeded: idle stretches of 0.5-3 s,
   bursts of 0.3-1.5 s of one or, twice as often, two busy processes). The load level at a moment
   is the number of busy processes, 0, 1 or 2;
 * one request arrival trace: steady, ``--rate`` requests/s (100) for ``--duration`` s (20).
@@ -110,8 +110,8 @@ def load_layers(trace: str, duration: float, seed: int) -> list[CpuSchedule]:
     if trace == "none":
         return []
     if trace == "step":
-        a = CpuSchedule(((0.0, 0.0), (0.2 * duration, 1.0), (0.75 * duration, 0.0)), 1, PERIOD_MS)
-        b = CpuSchedule(((0.0, 0.0), (0.45 * duration, 1.0), (0.75 * duration, 0.0)), 1, PERIOD_MS)
+        a = CpuSchedule(((0.0, 0.0), (0.15 * duration, 1.0), (0.9 * duration, 0.0)), 1, PERIOD_MS)
+        b = CpuSchedule(((0.0, 0.0), (0.35 * duration, 1.0), (0.9 * duration, 0.0)), 1, PERIOD_MS)
         return [a, b]
     if trace == "bursty":
         rng = random.Random(seed)

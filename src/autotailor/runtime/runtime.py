@@ -14,19 +14,18 @@ the switch cost. The budget in force is ``memory_mb``, and at most ``memory_head
 memory the monitor finds available (plus what the loaded SubNets hold), so that memory
 pressure from other processes unloads SubNets and, at worst, narrows the choice.
 
-Idle latencies in place: the manifest's latency is measured back to back by the profiler;
-served one at a time through this process, every call costs a little more (input
-conversion, the runtime's call, a cooler cache), about the same for every SubNet and a large
-share of a sub-millisecond one. A slowdown against the manifest would then say "loaded" at
-idle, more so for the fastest SubNet, and the policies would scale every SubNet by the wrong
-factor. So each SubNet, once loaded, runs ``calibration_runs`` more times on zeros; the median
-less its manifest latency is the excess of one call in place. Every SubNet's idle latency in
-place is its manifest latency plus the smallest excess measured so far: a load on the device
-only adds to an excess (a SubNet measured under one would otherwise look slower than it is),
-and the first SubNet measured at idle sets it for all. No SubNet is measured while the monitor
-finds less than half a core per thread free. The policies and the monitor get
-copies of the SubNets that carry these latencies (``idle_ms``) as ``measured_latency_ms``,
-hence ``latency_ms``, in the bundle's order.
+Idle latencies in place: the manifest's latency is measured by the profiler, back to back;
+served one at a time through this process, a call costs more (input conversion, the
+runtime's call, caches cooled by the wait), a large share of a sub-millisecond SubNet and
+little of a long one. A slowdown against the manifest would then say "loaded" at idle, more
+so for the fastest SubNet, and the policies would scale every SubNet by the wrong factor. So
+each SubNet, once loaded, runs ``calibration_runs`` more times on zeros; the median is its
+idle latency in place, divided by the median slowdown of the last three inferences when that
+exceeds 1 (a load slows it as it slowed them) and never below the manifest's. A SubNet not
+measured yet is expected at its manifest latency plus the smallest excess measured so far.
+None is measured while the monitor finds less than half a core per thread free. The policies
+and the monitor get copies of the SubNets that carry these latencies (``idle_ms``) as
+``measured_latency_ms``, hence ``latency_ms``, in the bundle's order.
 
 Needs numpy and onnxruntime only (no torch): a device runs it without the compiler.
 """
@@ -123,7 +122,7 @@ class Runtime:
         self.monitor = monitor or Monitor()
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._current: SubNetEntry | None = None
-        self._excess: float | None = None  # the smallest excess of a call in place over the manifest
+        self._excess: dict[str, float] = {}  # per SubNet measured: a call in place less the manifest's latency
         self._in_place: dict[str, SubNetEntry] = {}  # every SubNet with its expected idle latency in place
         self._update_in_place()
         self._switched_at = -math.inf
@@ -161,8 +160,9 @@ class Runtime:
         return {name: e.latency_ms for name, e in self._in_place.items()}
 
     def _update_in_place(self) -> None:
-        excess = self._excess or 0.0
-        self._in_place = {s.name: replace(s, measured_latency_ms=s.latency_ms + excess) for s in self.subnets}
+        least = min(self._excess.values(), default=0.0)
+        self._in_place = {s.name: replace(s, measured_latency_ms=s.latency_ms + self._excess.get(s.name, least))
+                          for s in self.subnets}
 
     def _calibrate(self, entry: SubNetEntry, session: Session) -> None:
         if not self.calibration_runs:
@@ -177,11 +177,14 @@ class Runtime:
             t0 = time.perf_counter()
             session.run(x)
             times.append((time.perf_counter() - t0) * 1000)
-        excess = max(0.0, statistics.median(times) - entry.latency_ms)
-        log.debug("SubNet %s: %.3f ms more in place than the manifest's %.3f ms", entry.name, excess, entry.latency_ms)
-        if self._excess is None or excess < self._excess:
-            self._excess = excess
-            self._update_in_place()
+        # a slowdown the monitor cannot see (a sibling hyperthread, heat) slows this measurement as
+        # it slowed the last inferences: divide it out
+        recent = [r.slowdown for r in list(self._records)[-3:]]
+        slowed = max(1.0, statistics.median(recent)) if recent else 1.0
+        self._excess[entry.name] = max(0.0, statistics.median(times) / slowed - entry.latency_ms)
+        log.debug("SubNet %s: %.3f ms more in place than the manifest's %.3f ms", entry.name,
+                  self._excess[entry.name], entry.latency_ms)
+        self._update_in_place()
 
     def _now(self) -> float:
         return self._wall0 + (time.perf_counter() - self._perf0)
