@@ -55,6 +55,8 @@ requests included), mean accuracy (each served SubNet's accuracy from the manife
 and their total cost, the monitor's CPU time over the run's wall time, the forecast's error.
 Runs go trace by trace, policies in an order rotated by repeat and by trace.
 
+What a run measured is kept in ``WORKDIR/NAME.measured.json`` before the report is written;
+``--report-only`` (with the run's flags) writes plots and report from it again.
 Results: ``benchmarks/results/runtime_adaptation.{json,md}`` (``runtime_adaptation_MODEL`` for
 ``--front MODEL``) and a timeline per trace, ``benchmarks/results/runtime_adaptation[_MODEL]_TRACE.png``;
 per-run records in the work folder.
@@ -392,12 +394,18 @@ def main() -> None:
     p.add_argument("--oracle-quantile", type=float, default=0.99)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rewrite", action="store_true", help="draw the traces again")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the plots and the report again from the last run's WORKDIR/NAME.measured.json")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)
     started = time.time()
     work = Path(args.workdir)
     (work / "records").mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        m = json.loads((work / f"{results_name(args)}.measured.json").read_text())
+        write_report(args, Bundle.load(m["bundle_dir"]), work, m)
+        return
     cli = Path(sys.executable).with_name("autotailor")
     if args.front:
         import baselines
@@ -441,20 +449,33 @@ def main() -> None:
                 log.info("%s / %s: %.1f %% within goal, accuracy %.2f %%, %d switches", trace, policy,
                          res["met"] * 100, res["accuracy"] * 100, res["switches"])
     after = calibrate(bundle, args.rate, args.calib_n, (0,))[0]
+    # kept before the report, so that a failing report loses no run (--report-only writes it again)
+    measured = {"slo": slo, "calib": {str(lv): v for lv, v in calib.items()}, "after": after, "table": table,
+                "runs": runs, "traces": traces, "policies": policies, "seconds": time.time() - started,
+                "bundle_dir": str(bundle_dir), "command": sys.argv[1:]}
+    (work / f"{results_name(args)}.measured.json").write_text(json.dumps(measured))
+    write_report(args, bundle, work, measured)
 
+
+def write_report(args, bundle: Bundle, work: Path, m: dict) -> None:
+    """The plots and the report from what a run measured (``WORKDIR/NAME.measured.json``)."""
+    calib = {int(lv): v for lv, v in m["calib"].items()}
+    table = {int(lv): name for lv, name in m["table"].items()}
+    slo, traces, policies = m["slo"], m["traces"], m["policies"]
+    arrivals = ArrivalTrace.read(work / "traces" / "arrivals.json")
     for trace in traces:
         plot(trace, slo, bundle, work, policies, read_layers(work / "traces", trace), arrivals.duration_s,
              HERE / "results" / f"{results_name(args)}_{trace}.png")
-    report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, policies, time.time() - started)
+    report(args, bundle, m["bundle_dir"], slo, calib, m["after"], table, m["runs"], traces, policies, m["seconds"],
+           "python benchmarks/runtime_adaptation.py " + " ".join(m["command"]))
 
 
-def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, policies, seconds) -> None:
+def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, policies, seconds, command) -> None:
     from common import machine, write_results
 
     m = machine("onnxruntime", "numpy")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
-    command = "python benchmarks/runtime_adaptation.py " + " ".join(sys.argv[1:])
     largest = max(bundle, key=lambda s: (s.latency_ms, s.accuracy))
     summary = {t: {p_: mean_runs(runs[t][p_]) for p_ in policies if runs[t][p_]} for t in traces}
     lines = ["# Runtime adaptation: policies against changing CPU load", "",
@@ -508,8 +529,9 @@ def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, pol
                                             if r["repeats"] > 1 else "")
             lv = " / ".join(f"{runs[t][p_][0]['by_level'][x]['met'] * 100:.1f}" if x in runs[t][p_][0]["by_level"]
                             else "-" for x in LEVELS)
-            sw = (f"{r['switch_ms_total']:.2f} ({r['switch_ms_median']:.3f}, {r['switch_ms_max']:.3f})"
-                  if r["switches"] else "0")
+            medians = [x["switch_ms_median"] for x in runs[t][p_] if x["switch_ms_median"] is not None]
+            sw = (f"{r['switch_ms_total']:.2f} ({statistics.median(medians):.3f}, {r['switch_ms_max']:.3f})"
+                  if medians else "0")
             lines.append(f"| {t} | {p_} | {met} | {r['response_met'] * 100:.1f} | {lv} | {r['accuracy'] * 100:.2f} | "
                          f"{r['switches']:g} | {sw} | {r['p50_ms']:.2f} / {r['p99_ms']:.2f} | "
                          f"{r['monitor_share'] * 100:.2f} | {r['forecast_mae']:.2f}, {r['forecast_coverage']:.2f} | "

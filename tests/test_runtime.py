@@ -43,7 +43,7 @@ from autotailor.runtime import (
     resize_bilinear,
     run_trace,
 )
-from autotailor.runtime.monitor import cpu_quota_v1, cpu_quota_v2
+from autotailor.runtime.monitor import Reading, cpu_quota_v1, cpu_quota_v2
 
 # name: (channels, conv layers, resolution, accuracy); about 0.4, 1.8 and 6 ms on one thread here
 SPECS = {"small": (32, 2, 32, 0.70), "medium": (48, 3, 40, 0.80), "large": (64, 4, 48, 0.90)}
@@ -475,6 +475,23 @@ def test_the_reactive_policy_scales_the_budget_by_the_observed_ratio(sleepy):
     assert p.choose(sleepy.subnets, goal, _state(m, [3, 3, 3], since=5, last_violation=99.5)) is m  # not quiet
     assert p.choose(sleepy.subnets, goal, _state(m, [3, 3, 3], since=5, last_violation=98.0)) is l
     assert p.choose(sleepy.subnets, goal, _state(m, [4, 4, 4], since=5)) is m  # l at 1.33x: 10.7 > 12 * 0.85
+
+
+def test_a_failed_probes_backoff_ends_when_the_monitor_sees_its_load_go(sleepy):
+    s, m, l = sleepy.subnets
+    goal = Goal(12.0)
+
+    def at(now, current, recent, busy, since=5.0, last_violation=None):
+        reading = Reading(now, 2, None, busy, 2 - busy, None, None, None, None)
+        return PolicyState(now, current, since, tuple(recent), SlowdownForecast().state(), reading, last_violation)
+
+    p = rtm.make_policy("reactive", window=3, quiet_s=1.0, min_dwell_s=0.0)
+    assert p.choose(sleepy.subnets, goal, at(100.0, m, [3, 3, 3], busy=1.9)) is l  # a probe up
+    assert p.choose(sleepy.subnets, goal, at(100.2, l, [20, 20, 20], busy=1.9, since=0.2)) is m  # it failed
+    assert p.quiet_now == 2.0
+    assert p.choose(sleepy.subnets, goal, at(101.7, m, [3, 3, 3], busy=1.8, since=1.5)) is m  # backoff: 2 s
+    assert p.choose(sleepy.subnets, goal, at(101.8, m, [3, 3, 3], busy=0.3, since=1.6)) is l  # the load went
+    assert p.quiet_now == 1.0
 
 
 def test_a_policy_plug_in_is_one_registered_class_and_mistakes_are_named(bundle):

@@ -153,8 +153,10 @@ class _Stepping(Policy):
     switch, and must meet the goal with ``up_margin`` to spare. The quiet period starts at
     ``quiet_s``; a step up undone within it (a failed probe: the larger SubNet turned out
     slower than the forecast said, as a SubNet longer than a scheduler slice does under a
-    load that a shorter one slips past) multiplies it by ``backoff``, up to ``max_quiet_s``,
-    and a step up that holds for it sets it back to ``quiet_s``."""
+    load that a shorter one slips past) multiplies it by ``backoff``, up to ``max_quiet_s``;
+    a step up that holds for it sets it back to ``quiet_s``, and so does the monitor seeing
+    other processes keep at least half a core less busy than when a probe last failed (the
+    load it failed under has gone, so the next probe need not wait out the backoff)."""
 
     def __init__(self, min_dwell_s: float = 0.05, quiet_s: float = 1.0, up_margin: float = 0.15,
                  backoff: float = 2.0, max_quiet_s: float = 30.0):
@@ -164,6 +166,7 @@ class _Stepping(Policy):
         self.backoff, self.max_quiet_s = backoff, max_quiet_s
         self.quiet_now = quiet_s  # the quiet period in force
         self._up_at: float | None = None  # when the last step up happened, until it holds or fails
+        self._failed_under: float | None = None  # cores other processes kept busy when a probe last failed
 
     def _quiet(self, state: PolicyState) -> bool:
         calm = state.last_violation is None or state.now - state.last_violation >= self.quiet_now
@@ -173,6 +176,9 @@ class _Stepping(Policy):
         cur = state.current
         if self._up_at is not None and state.now - self._up_at >= self.quiet_now:
             self.quiet_now, self._up_at = self.quiet_s, None  # the step up held
+        others = state.reading.cpu_others if state.reading is not None else None
+        if self._failed_under is not None and others is not None and others <= self._failed_under - 0.5:
+            self.quiet_now, self._failed_under = self.quiet_s, None  # the load the probes failed under has gone
         if cur is None or cur.name not in {s.name for s in subnets}:
             return best_fitting(subnets, goal.slo_ms, slowdown or 1.0)
         if slowdown is None:
@@ -184,6 +190,8 @@ class _Stepping(Policy):
             if self._up_at is not None:  # a failed probe
                 self.quiet_now = min(self.quiet_now * self.backoff, self.max_quiet_s)
                 self._up_at = None
+                if state.reading is not None:
+                    self._failed_under = state.reading.cpu_others
             return down
         up = best_fitting(subnets, goal.slo_ms * (1 - self.up_margin), slowdown)
         if up.accuracy > cur.accuracy and self._quiet(state):
