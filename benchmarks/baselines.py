@@ -27,8 +27,8 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
 
 Every model is evaluated on the 10,000 CIFAR-10 test images (AutoTailor's SubNets with
 BatchNorm recalibrated on 2,048 training images, as the search does) and timed as ONNX on
-ONNX Runtime (1 thread) in one pass, alternated with the SuperNet work directory's reference
-SubNet so that the machine's drift cancels (``DeviceSetup.time_deployed``; latencies are at the
+ONNX Runtime (1 thread) in two passes, each timing beside a reading of the reference kernel
+so that the machine's drift cancels (``DeviceSetup.time_deployed``; latencies are at the
 speed the LUT was built at). Compared: accuracy at equal latency (each baseline model against
 the most accurate AutoTailor SubNet no slower) and latency at equal accuracy (against the
 fastest AutoTailor SubNet at least as accurate). The state is kept in
@@ -286,9 +286,10 @@ def time_all(state: State, model: str, work: Path) -> None:
                                      torch.load(nestdnn_artifact(model, point["ratio"]),
                                                 map_location="cpu").items()})
             files.append((setup.backend.deploy(net.eval(), Path(tmp) / f"m{i}", shape), shape))
-        timed = setup.time_deployed(files, probe_every=4)
-    for (method, key, point), (m, slowness) in zip(todo, timed):
-        state.put({**point, "latency_ms": m.median_ms, "raw_latency_ms": m.median_ms * slowness}, model, method, key)
+        timed = setup.time_deployed(files)
+    ref = setup.reference_ms()
+    for (method, key, point), m in zip(todo, timed):
+        state.put({**point, "latency_ms": m.at_speed(ref), "raw_latency_ms": m.median_ms}, model, method, key)
 
 
 def compare(auto: list[dict], base: list[dict]) -> list[dict]:

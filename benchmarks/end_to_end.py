@@ -18,8 +18,8 @@ Search part, per tuned CIFAR-10 SuperNet, on ONNX Runtime CPU with one thread:
    of ``--finalist-images`` test images (seed 1), the most accurate chosen;
 3. every chosen SubNet is exported to ONNX (BatchNorm recalibrated), its latency measured
    as the search's verification measures (median of repeats, in two passes in opposite orders,
-   the faster kept; divided by the machine's slowness relative to the LUT's build, measured
-   side by side) and its accuracy on all test images (accuracy_predictor.py's validation set)
+   the faster kept; brought to the LUT's machine speed by the reference kernel read beside
+   each timing) and its accuracy on all test images (accuracy_predictor.py's validation set)
    and on the finalists' sample, which give its accuracy on the test images the finalists did
    not see (held out: the choice among finalists is not judged on the images it was made on);
 4. the same latency measurement for that benchmark's pool of random SubNets, and their
@@ -79,8 +79,9 @@ def measure_latencies(sn, work: Path, archs: list[dict], calibration) -> list[di
             with recalibrated(sn, arch, calibration):
                 net = sn.extract(arch).eval()
             files.append((setup.backend.deploy(net, Path(tmp) / f"subnet{i}", shape), shape))
-        timed = setup.time_deployed(files, probe_every=8)
-    return [{"ms": m.median_ms, "raw_ms": m.median_ms * slowness, "slowness": slowness} for m, slowness in timed]
+        timed = setup.time_deployed(files)
+    ref = setup.reference_ms()
+    return [{"ms": m.at_speed(ref), "raw_ms": m.median_ms, "slowness": m.median_ms / m.at_speed(ref)} for m in timed]
 
 
 def pool_on_sample(sn, work: Path, pool: list[dict], batches: list, calibration: list) -> list[float]:
@@ -218,8 +219,8 @@ def report(data: dict) -> str:
                   f"- Latency model after verification: {r.get('latency_model')}.",
                   f"- Chosen SubNets measuring within their budget +5 %: {r['within_budget_5pct']} of {len(rows)}; "
                   f"median |measured/predicted - 1| {100 * statistics.median(errors):.1f} %. Timings here are "
-                  "divided by the machine's slowness relative to the LUT's build, measured side by side "
-                  f"({min(x['slowness'] for x in rows):.2f}-{max(x['slowness'] for x in rows):.2f}); as timed, "
+                  "brought to the LUT's machine speed by the reference kernel read beside each (slowness "
+                  f"{min(x['slowness'] for x in rows):.2f}-{max(x['slowness'] for x in rows):.2f}); as timed, "
                   f"{sum(x['raw_ms'] <= 1.05 * x['budget_ms'] for x in rows)} of {len(rows)} are within +5 %.",
                   f"- Random SubNets ({r['pool']}, measured {r['pool_latency_ms']['min']:.2f}-"
                   f"{r['pool_latency_ms']['max']:.2f} ms) more accurate by > 0.5 points than every chosen SubNet "

@@ -169,12 +169,50 @@ def test_profile_then_predict_sums_the_lut(tmp_path, resnet) -> None:
         assert profile(plan, backend, store, target).measured == 0  # nothing is measured twice
         predictor = LatencyPredictor.from_store(plan, store, target)
         entries = store.get(target, [k.signature for k in plan.kernels] + ["overhead"])
+        speed = store.speed(target)
+    assert speed.readings == len(entries) and all(m.reference_ms > 0 for m in entries.values())
     arch = resnet.space.sample(3)
-    expected = entries["overhead"].median_ms + sum(
-        entries[plan.kernels[i].signature].median_ms for i in plan.kernel_ids(arch))
+    expected = entries["overhead"].at_speed(speed.median_ms) + sum(
+        entries[plan.kernels[i].signature].at_speed(speed.median_ms) for i in plan.kernel_ids(arch))
     assert predictor.predict(resnet.space.complete(arch)) == pytest.approx(expected, rel=1e-12)
     big, small = predictor.predict(resnet.space.max()), predictor.predict(resnet.space.min())
     assert big > 2 * small
+
+
+class _SlowingMachine:
+    """A runtime 10 % slower at every reading of the reference kernel (scripted: a drift cannot
+    be set up on demand). Every kernel takes 2 references' time at the speed of its moment."""
+
+    def __init__(self) -> None:
+        self.speed = 0.9
+
+    def reference_probe(self):
+        def read() -> float:
+            self.speed += 0.1
+            return 0.5 * self.speed
+        return read
+
+    def overhead(self) -> Measurement:
+        return Measurement(0.01 * self.speed, 0.0, 5)
+
+    def measure(self, module, shapes) -> Measurement:
+        return Measurement(self.speed, 0.0, 5)
+
+
+def test_profiling_brings_every_kernel_to_one_machine_speed(tmp_path, resnet, caplog) -> None:
+    plan = KernelPlan(resnet, "torch")
+    target = Target.of("test", "drifting")
+    with LutStore(tmp_path / "lut.sqlite") as store:
+        with caplog.at_level("WARNING"):
+            profile(plan, _SlowingMachine(), store, target, reference_every_s=0.0)
+        raw = [m.median_ms for m in store.get(target, [k.signature for k in plan.kernels]).values()]
+        speed = store.speed(target)
+        predictor = LatencyPredictor.from_store(plan, store, target)
+    assert max(raw) > 5 * min(raw)  # as timed: the machine slowed down while profiling
+    assert predictor.kernel_ms == pytest.approx([2 * speed.median_ms] * len(plan.kernels))
+    assert predictor.overhead_ms == pytest.approx(0.02 * speed.median_ms)
+    assert speed.noise > 0.5
+    assert f"the machine's speed moved by ±{100 * speed.noise:.0f}% while test/drifting was profiled" in caplog.text
 
 
 def test_device_specs() -> None:
@@ -438,39 +476,37 @@ def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv
     from autotailor.predict.latency import calibration_archs, subnet_key
 
     archs = calibration_archs(mnv3.space, CostModel(KernelPlan(mnv3, "ort-cpu")))
-    stored, devices = {}, {}
-    for lut_ms in (1.0, 2.0):  # the same machine, its LUT built twice as slow the second time
-        device = devices[lut_ms] = device_setup(mnv3, tmp_path, "ort-cpu:threads=1,warmup=2,repeats=9", lut=tmp_path / f"{lut_ms}.sqlite")
+    measured, devices = {}, {}
+    now = device_setup(mnv3, tmp_path, "ort-cpu:threads=1").backend.reference_probe()()
+    for slower in (1.0, 2.0):  # the same machine; its LUT profiled as if it had been twice as slow
+        device = devices[slower] = device_setup(mnv3, tmp_path, "ort-cpu:threads=1,warmup=2,repeats=9",
+                                                lut=tmp_path / f"{slower}.sqlite")
         with pytest.raises(at.AutoTailorError, match="profile them before measuring SubNets"):
             device.calibrate()
         with device.open_store() as store:
             for k in device.plan.kernels:
-                store.put(device.target, k.signature, Measurement(lut_ms, 0.0, 1))
+                store.put(device.target, k.signature, Measurement(slower, 0.0, 1, reference_ms=slower * now))
+        assert device.reference_ms() == pytest.approx(slower * now)
         assert device.calibrate() == len(archs) == 20
         assert device.calibrate() == 0  # stored in the LUT: a second run measures nothing
         with device.open_store() as store:
-            stored[lut_ms] = store.get(device.subnet_target, [subnet_key(a) for a in archs])
-        assert len(stored[lut_ms]) == 20
-    # Timings are divided by the machine's slowness relative to the LUT (its largest kernels timed
-    # again): against the LUT built twice as slow, the machine reads as twice as fast. The probes
-    # alternate, each pair at nearly the same machine speed: a VM's speed can drift by half within
-    # seconds (the two calibrations' timings differed by a median factor of 1.36 to 2.89 on a
-    # 2-vCPU AMD EPYC), so the timings scaled by the readings are checked in time_deployed's test.
-    probes = {lut_ms: d.speed_probe() for lut_ms, d in devices.items()}
-    ratios = []
-    for i in range(6):  # in both orders, in case the order of a pair biases it
-        first, second = (1.0, 2.0) if i % 2 else (2.0, 1.0)
-        reading = {first: probes[first](), second: probes[second]()}
-        ratios.append(reading[2.0] / reading[1.0])
-    assert 0.35 < statistics.median(ratios) < 0.75, ratios  # unscaled: 1
+            stored = store.get(device.subnet_target, [subnet_key(a) for a in archs])
+        assert len(stored) == 20 and all(m.reference_ms > 0 for m in stored.values())
+        measured[slower] = device.measured()
+    # Each timing is stored with the reference kernel's reading beside it and read back at the
+    # LUT's speed: against the LUT of a machine twice as slow, twice the time. Unpaired, the two
+    # calibrations' timings differed by a median factor of 1.36 to 2.89 on a 2-vCPU AMD EPYC VM.
+    ratios = [measured[2.0][k] / measured[1.0][k] for k in measured[1.0]]
+    assert 1.6 < statistics.median(ratios) < 2.5, ratios
     # Timed again on request (a search's final choices): each then holds both timings.
+    first = devices[2.0].measured()
     assert device.measure(archs[:3] + archs[:1], again=True) == archs[:3]
     with device.open_store() as store:
         again = store.get(device.subnet_target, [subnet_key(a) for a in archs])
-    for k in stored[2.0]:
-        first = stored[2.0][k]
-        assert again[k].repeats == (2 * first.repeats if k in {subnet_key(a) for a in archs[:3]} else first.repeats)
-        assert 0.5 < again[k].median_ms / first.median_ms < 1.5
+    for a in archs:
+        k = subnet_key(a)
+        assert again[k].repeats == (2 * stored[k].repeats if a in archs[:3] else stored[k].repeats)
+    assert all(0.6 < device.measured()[k] / first[k] < 1.6 for k in first)
 
 
 def test_two_timings_of_a_subnet_pool_into_their_mean() -> None:
@@ -479,6 +515,9 @@ def test_two_timings_of_a_subnet_pool_into_their_mean() -> None:
     two = pooled(Measurement(1.0, 0.02, 10, 5.0), Measurement(1.2, 0.01, 10, 9.0))
     assert (two.median_ms, two.mad_ms, two.repeats, two.measured_at) == (pytest.approx(1.1), 0.02, 20, 9.0)
     assert pooled(two, Measurement(1.4, 0.0, 10, 12.0)).median_ms == pytest.approx(1.2)  # each timing counts once
+    # A timing read at another machine speed is brought to the first one's before pooling.
+    paired = pooled(Measurement(1.0, 0.0, 10, 5.0, reference_ms=0.5), Measurement(2.4, 0.0, 10, 9.0, reference_ms=1.0))
+    assert (paired.median_ms, paired.reference_ms) == (pytest.approx(1.1), 0.5)
 
 
 class _ScriptedRuntime:
@@ -494,23 +533,24 @@ class _ScriptedRuntime:
         return Measurement(next(self.ms), 0.0, 5)
 
 
-@pytest.mark.parametrize("readings, timings, expected_ms, expected_slowness", [
+@pytest.mark.parametrize("readings, timings, expected_ms, expected_reference", [
     # the reading before b's first timing is inflated by a disturbance: b keeps 2.00 ms, not
     # 2.00 / 1.25 = 1.6 ms (the pass with the lower quotient, which a search once measured so)
     ([1.0, 1.25, 1.0, 1.0, 1.0], [1.00, 2.00, 2.02, 1.02], [1.00, 2.00], [1.0, 1.0]),
     # the machine really is 25 % slower than when the LUT was built: every reading says so
     ([1.25] * 5, [1.25, 2.5, 2.6, 1.3], [1.00, 2.00], [1.25, 1.25]),
 ])
-def test_time_deployed_keeps_the_faster_timing_over_the_lower_reading_around_it(
-        tmp_path, readings, timings, expected_ms, expected_slowness) -> None:
+def test_time_deployed_keeps_the_faster_timing_with_the_lower_reading_around_it(
+        tmp_path, readings, timings, expected_ms, expected_reference) -> None:
     from autotailor.pipeline.workdir import DeviceSetup
 
-    device = DeviceSetup("scripted", _ScriptedRuntime(timings), None, tmp_path / "lut.sqlite", None)
+    runtime = _ScriptedRuntime(timings)
     scripted = iter(readings)
-    device.speed_probe = lambda: lambda: next(scripted)
+    runtime.reference_probe = lambda: lambda: next(scripted)
+    device = DeviceSetup("scripted", runtime, None, tmp_path / "lut.sqlite", None)
     timed = device.time_deployed([("a.onnx", (1, 3, 8, 8)), ("b.onnx", (1, 3, 8, 8))])  # order a, b, b, a
-    assert [m.median_ms for m, _ in timed] == pytest.approx(expected_ms)
-    assert [s for _, s in timed] == pytest.approx(expected_slowness)
+    assert [m.reference_ms for m in timed] == pytest.approx(expected_reference)
+    assert [m.at_speed(1.0) for m in timed] == pytest.approx(expected_ms)  # at the LUT's speed (reference 1.0)
 
 
 @pytest.mark.parametrize("name", ["squeezenet1_0", "densenet121"])

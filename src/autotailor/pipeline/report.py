@@ -105,13 +105,15 @@ def write_report(work: str | Path) -> Path:
                   f"{len(search.choices)} budgets searched in {search.seconds:.1f} s "
                   f"({search.predictions} predictions; beam {search.beam_size} SubNets)"
                   + (f" for {search.target}" if search.target else "") + "."
-                  + (f" The chosen SubNets were measured on it (scaled to the machine's speed when the LUT was "
-                     f"built) and the searches repeated "
+                  + (f" The chosen SubNets were measured on it (brought to the machine's speed when the LUT was "
+                     f"profiled) and the searches repeated "
                      f"{search.verify_rounds} time(s) with the latency model refitted to them: "
                      f"{search.latency_model}." if verified else "")
                   + (f" Each budget's {finalists} best-predicted SubNets were measured for accuracy on the "
                      "validation subset, and the most accurate chosen." if finalists else "")
-                  + (f" Predicted accuracy: {search.accuracy_model}." if search.accuracy_model else ""), "",
+                  + (f" Predicted accuracy: {search.accuracy_model}." if search.accuracy_model else "")
+                  + (f" Machine speed while the LUT was profiled: {search.latency_noise}." if search.latency_noise
+                     else ""), "",
                   "| budget | predicted accuracy | " + ("measured accuracy | " if finalists else "")
                   + " | ".join(f"predicted {m}" for m in shown)
                   + (" | measured latency_ms |" if verified else " |"),

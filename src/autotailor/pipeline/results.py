@@ -102,6 +102,7 @@ class SearchRecord(Record):
     choices: list[Chosen]
     front: list[dict[str, Any]] = field(default_factory=list)
     accuracy_model: str | None = None  # with finalists: how the predictor was fitted to them
+    latency_noise: str | None = None  # the LUT's noise reading (``Speed.describe``)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchRecord":

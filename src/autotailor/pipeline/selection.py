@@ -231,10 +231,12 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
             result, choices=[c if c.arch is None else dataclasses.replace(c, accuracy=predictor.predict(
                 sn.space.complete(c.arch))) for c in result.choices],
             front=[(a, predictor.predict(sn.space.complete(a)), cost) for a, _, cost in result.front])
+    speed = device.speed() if device else None
     SearchRecord(
         device=device.spec if device else None,
         target=str(device.target) if device else None,
         latency_model=device.predictor().describe() if measured is not None else None,
+        latency_noise=speed.describe() if speed else None,
         accuracy_model=fit.describe() if fit is not None else None,
         axis=result.axis,
         settings=dataclasses.asdict(evolution),

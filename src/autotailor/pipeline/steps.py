@@ -212,8 +212,9 @@ def profile_step(work: str | Path, device: str, device_name: str | None = None, 
                 task = progress.add_task("profile", total=None)
                 report = profile(plan, backend, store, target,
                                  lambda done, total, t=task: progress.update(t, completed=done, total=total))
+            speed = store.speed(target)
             say(f"measured {report.measured} kernels in {report.seconds:.1f} s; the LUT holds "
-                f"{store.count(target)} entries for {target}")
+                f"{store.count(target)} entries for {target}" + (f"; {speed.describe()}" if speed else ""))
     if not setup.cache_fixed:
         with _progress("calibration (whole SubNets)", quiet) as progress:
             task = progress.add_task("calibrate", total=None)

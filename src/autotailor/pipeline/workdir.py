@@ -15,6 +15,7 @@ WORK/run.json           run                      which steps of `autotailor run`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -212,41 +213,23 @@ class DeviceSetup:
             return 0
         return len(self.measure(self._calibration()[1], on_subnet))
 
-    def speed_probe(self) -> Callable[[], float]:
-        """A function giving the machine's slowness now relative to when the LUT was built: the
-        median ratio of a few of the LUT's largest kernels timed again to their LUT times (1.2:
-        kernels take 20 % longer now). Divide a timing by it to compare it with the LUT."""
-        import statistics
+    def time_deployed(self, files: Sequence[tuple[Path, Any]], on_timed: Callable[[int, int], None] | None = None
+                      ) -> list[Any]:
+        """Time deployed SubNets (``(path, input shape)`` as ``backend.deploy`` wrote them): per
+        SubNet, a ``Measurement`` with the reference kernel's reading around it (``reference_ms``).
 
-        with self.open_store() as store:
-            entries = store.get(self.target, [k.signature for k in self.plan.kernels])
-        if len(entries) < len(self.plan.kernels):
-            raise AutoTailorError(f"the LUT lacks {len(self.plan.kernels) - len(entries)} kernels for {self.target}; "
-                                  f"profile them before measuring SubNets")
-        largest = sorted(self.plan.kernels, key=lambda k: -entries[k.signature].median_ms)[:5]
-        probes = [(self.backend.prober(*self.plan.example(k)), entries[k.signature].median_ms) for k in largest]
-        return lambda: statistics.median(probe().median_ms / ms for probe, ms in probes)
-
-    def time_deployed(self, files: Sequence[tuple[Path, Any]], probe_every: int = 1,
-                      on_timed: Callable[[int, int], None] | None = None) -> list[tuple[Any, float]]:
-        """Time deployed SubNets (``(path, input shape)`` as ``backend.deploy`` wrote them) at the
-        LUT's machine speed: per SubNet, the ``Measurement`` divided by the slowness, and the slowness.
-
-        Two passes in opposite orders; each SubNet keeps its faster timing (a disturbance only
-        ever slows a run down). The slowness (``speed_probe``) is read before every
-        ``probe_every`` timings and once at the end; a timing is divided by the lower of the
-        readings around it, since a disturbance only ever inflates a reading too. Choosing the
-        pass by the quotient instead would favour a reading that a disturbance inflated, and
-        put a SubNet up to 20 % below what it measures. Sessions are loaded one at a time."""
-        from autotailor.predict.latency import Measurement
-
-        probe = self.speed_probe()
+        Paired design: the reference kernel (``Backend.reference_probe``) is read before every
+        timing and once at the end; a timing takes the lower of the readings around it, since
+        a disturbance only ever inflates a reading. Two passes in opposite orders; each SubNet
+        keeps its faster timing (a disturbance only ever slows a run down). Choosing the pass
+        by the quotient instead would favour a reading that a disturbance inflated, and put a
+        SubNet up to 20 % below what it measures. Sessions are loaded one at a time."""
+        probe = self.backend.reference_probe()
         readings: list[float] = []
         timings: list[list[tuple[Any, int]]] = [[] for _ in files]
         order = [*range(len(files)), *reversed(range(len(files)))]
         for done, i in enumerate(order):
-            if done % probe_every == 0:
-                readings.append(probe())
+            readings.append(probe())
             path, shape = files[i]
             timings[i].append((self.backend.time(self.backend.load(path, shape)), len(readings) - 1))
             if on_timed is not None:
@@ -255,9 +238,20 @@ class DeviceSetup:
         out = []
         for pair in timings:
             m, r = min(pair, key=lambda t: t[0].median_ms)
-            slowness = min(readings[r], readings[r + 1])
-            out.append((Measurement(m.median_ms / slowness, m.mad_ms / slowness, m.repeats, m.measured_at), slowness))
+            out.append(dataclasses.replace(m, reference_ms=min(readings[r], readings[r + 1])))
         return out
+
+    def speed(self):
+        """The reference kernel's readings while the kernels were profiled (``Speed``; None for a
+        LUT profiled before the paired design)."""
+        with self.open_store() as store:
+            return store.speed(self.target)
+
+    def reference_ms(self) -> float | None:
+        """The machine speed every prediction and stored SubNet is brought to: the median
+        reading of the reference kernel while the kernels were profiled."""
+        speed = self.speed()
+        return None if speed is None else speed.median_ms
 
     def measure(self, archs: list[dict[str, Any]], on_subnet: Callable[[int, int], None] | None = None,
                 again: bool = False) -> list[dict[str, Any]]:
@@ -266,19 +260,25 @@ class DeviceSetup:
         and run as deployed (``time_deployed``), and store them; the ones measured.
         Every stored SubNet of this space takes part in the ``CacheModel`` fit of ``predictor``.
 
-        The timings are at the LUT's machine speed: a VM's speed drifts by tens of percent for
-        tens of seconds at a time, which would otherwise be fitted as a property of the cache."""
+        Each is stored with its reference reading and read back at the LUT's machine speed
+        (``measured``): a VM's speed drifts by tens of percent for tens of seconds at a time,
+        which would otherwise be fitted as a property of the cache."""
         import tempfile
 
         from autotailor.predict.latency import subnet_key
+        from autotailor.predict.latency.backends.base import torch_on_one_thread
 
         unique = {subnet_key(a): a for a in archs}
         with self.open_store() as store:
+            lacking = len(store.missing(self.target, [k.signature for k in self.plan.kernels]))
             stored = store.get(self.subnet_target, list(unique))
+        if lacking:  # SubNets are stored at the LUT's machine speed: it must be measured first
+            raise AutoTailorError(f"the LUT lacks {lacking} kernels for {self.target}; profile them before measuring "
+                                  "SubNets")
         missing = [a for k, a in unique.items() if again or k not in stored]
         if not missing:
             return []
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, torch_on_one_thread():
             files = []
             for i, arch in enumerate(missing):
                 shape = self.plan.sn.input_shape(arch)
@@ -287,7 +287,7 @@ class DeviceSetup:
             progress = None if on_subnet is None else lambda done, total: on_subnet(done // 2, total // 2)
             timed = self.time_deployed(files, on_timed=progress)
         with self.open_store() as store:
-            for arch, (m, _) in zip(missing, timed):
+            for arch, m in zip(missing, timed):
                 old = stored.get(subnet_key(arch))
                 store.put(self.subnet_target, subnet_key(arch), m if old is None else pooled(old, m))
         return missing
@@ -296,18 +296,21 @@ class DeviceSetup:
         """Every whole SubNet of this model measured on the target: ``subnet_key`` -> median ms."""
         from autotailor.predict.latency import SUBNET_PREFIX
 
+        reference = self.reference_ms()
         with self.open_store() as store:
             stored = store.with_prefix(self.subnet_target, SUBNET_PREFIX)
-        return {key: m.median_ms for key, m in stored.items()}
+        return {key: m.at_speed(reference) for key, m in stored.items()}
 
     def predictor(self):
         """The latency predictor of this device (the LUTs must be complete: ``profile`` first)."""
         from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, LatencyPredictor, fit_cache_model,
                                                 subnet_arch, subnet_key)
 
+        reference = self.reference_ms()  # the warm table too is brought to the flushed one's speed
         with self.open_store() as store:
-            cold = LatencyPredictor.from_store(self.plan, store, self.target)
-            hot = cold if self.hot_target is None else LatencyPredictor.from_store(self.plan, store, self.hot_target)
+            cold = LatencyPredictor.from_store(self.plan, store, self.target, reference)
+            hot = cold if self.hot_target is None else LatencyPredictor.from_store(self.plan, store, self.hot_target,
+                                                                                   reference)
         costs, archs = self._calibration()
         measured = self.measured()
         calibrated = not self.cache_fixed and all(subnet_key(a) in measured for a in archs)
@@ -321,13 +324,14 @@ class DeviceSetup:
 
 
 def pooled(old, new):
-    """One ``Measurement`` of two timings of the same SubNet: their medians averaged, weighted
-    by their repeats (so a third timing counts as much as each of the first two)."""
+    """One ``Measurement`` of two timings of the same SubNet: their medians (the new one at the
+    old one's machine speed) averaged, weighted by their repeats (so a third timing counts as
+    much as each of the first two)."""
     from autotailor.predict.latency import Measurement
 
     n = old.repeats + new.repeats
-    return Measurement((old.median_ms * old.repeats + new.median_ms * new.repeats) / n,
-                       max(old.mad_ms, new.mad_ms), n, new.measured_at)
+    return Measurement((old.median_ms * old.repeats + new.at_speed(old.reference_ms) * new.repeats) / n,
+                       max(old.mad_ms, new.mad_ms), n, new.measured_at, old.reference_ms)
 
 
 def device_setup(sn, work: str | Path, spec: str, device_name: str | None = None, lut: str | Path | None = None,

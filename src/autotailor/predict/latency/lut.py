@@ -5,6 +5,10 @@ count) and the kernel's signature (a canonical string of its features; the enume
 defines it). Each measurement is committed as soon as it is made, so an interrupted
 profiling run loses nothing and a second run measures only what is ``missing``. A LUT can be
 exported to a JSON file and imported elsewhere: profile on the device, search on a laptop.
+
+An entry may carry the time a fixed reference kernel took around it (``reference_ms``, the
+paired design of ``profile``): the machine's speed at that moment. ``speed`` summarises a
+target's readings, and ``Measurement.at_speed`` brings an entry to their median.
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ CREATE TABLE IF NOT EXISTS entries (
     mad_ms REAL NOT NULL,
     repeats INTEGER NOT NULL,
     measured_at REAL NOT NULL,
+    reference_ms REAL,
     PRIMARY KEY (target, kernel)
 );
 """
+_COLUMNS = "kernel, median_ms, mad_ms, repeats, measured_at, reference_ms"
 _FORMAT = "autotailor-lut/1"
 
 
@@ -70,6 +76,35 @@ class Measurement:
     mad_ms: float  # median absolute deviation: the spread, insensitive to outliers
     repeats: int
     measured_at: float = 0.0
+    reference_ms: float | None = None  # the reference kernel's time around this measurement
+
+    def at_speed(self, reference_ms: float | None) -> float:
+        """The median (ms) as if measured when the reference kernel took ``reference_ms``
+        (unchanged when either reading is missing)."""
+        if reference_ms is None or not self.reference_ms:
+            return self.median_ms
+        return self.median_ms * reference_ms / self.reference_ms
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The reference kernel's readings over a target's entries: their median (``at_speed``
+    brings entries to it) and how much the machine's speed moved while they were measured."""
+
+    median_ms: float
+    low: float  # the 10th percentile / median
+    high: float  # the 90th percentile / median
+    readings: int  # entries with a reading (several entries share one)
+
+    @property
+    def noise(self) -> float:
+        """Half the relative 10-90 % range of the readings (0.05: the machine's speed moved ±5 %)."""
+        return (self.high - self.low) / 2
+
+    def describe(self) -> str:
+        return (f"noise ±{100 * self.noise:.1f} %: the reference kernel took {self.median_ms:.3f} ms (median over "
+                f"{self.readings} entries), 10-90 % of them {100 * (self.low - 1):+.1f} % to "
+                f"{100 * (self.high - 1):+.1f} %")
 
 
 class LutStore:
@@ -82,6 +117,10 @@ class LutStore:
             self._db = sqlite3.connect(self.path)
             self._db.execute("PRAGMA journal_mode=WAL")  # readers do not block a profiling writer
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(entries)")}
+            if "reference_ms" not in columns:  # a table from before the paired design
+                with self._db:
+                    self._db.execute("ALTER TABLE entries ADD COLUMN reference_ms REAL")
         except sqlite3.DatabaseError as exc:
             raise AutoTailorError(f"{self.path} is not a latency table (SQLite: {exc}); move it aside "
                                   f"(mv {self.path} {self.path}.bad) and profile again to measure a new one") from exc
@@ -118,8 +157,8 @@ class LutStore:
         tid = self._target_id(target, create=True)
         with self._db:
             self._db.execute(
-                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                (tid, kernel, m.median_ms, m.mad_ms, m.repeats, m.measured_at or time.time()),
+                f"INSERT OR REPLACE INTO entries (target, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (tid, kernel, m.median_ms, m.mad_ms, m.repeats, m.measured_at or time.time(), m.reference_ms),
             )
 
     def get(self, target: Target, kernels: Iterable[str]) -> dict[str, Measurement]:
@@ -132,8 +171,7 @@ class LutStore:
         for start in range(0, len(wanted), 500):  # SQLite limits the number of parameters
             chunk = wanted[start : start + 500]
             rows = self._db.execute(
-                f"SELECT kernel, median_ms, mad_ms, repeats, measured_at FROM entries "
-                f"WHERE target=? AND kernel IN ({','.join('?' * len(chunk))})",
+                f"SELECT {_COLUMNS} FROM entries WHERE target=? AND kernel IN ({','.join('?' * len(chunk))})",
                 (tid, *chunk),
             )
             found.update({k: Measurement(*rest) for k, *rest in rows})
@@ -144,8 +182,8 @@ class LutStore:
         tid = self._target_id(target, create=False)
         if tid is None:
             return {}
-        rows = self._db.execute("SELECT kernel, median_ms, mad_ms, repeats, measured_at FROM entries "
-                                "WHERE target=? AND substr(kernel, 1, ?) = ?", (tid, len(prefix), prefix))
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM entries WHERE target=? AND substr(kernel, 1, ?) = ?",
+                                (tid, len(prefix), prefix))
         return {k: Measurement(*rest) for k, *rest in rows}
 
     def missing(self, target: Target, kernels: Iterable[str]) -> list[str]:
@@ -153,6 +191,20 @@ class LutStore:
         wanted = list(dict.fromkeys(kernels))
         have = self.get(target, wanted)
         return [k for k in wanted if k not in have]
+
+    def speed(self, target: Target) -> Speed | None:
+        """The reference readings of ``target``'s entries (None when none has one)."""
+        import numpy as np
+
+        tid = self._target_id(target, create=False)
+        rows = [] if tid is None else self._db.execute(
+            "SELECT reference_ms FROM entries WHERE target=? AND reference_ms > 0", (tid,)).fetchall()
+        if not rows:
+            return None
+        readings = np.array([r[0] for r in rows])
+        median = float(np.median(readings))
+        low, high = np.percentile(readings, [10, 90]) / median
+        return Speed(median, float(low), float(high), len(readings))
 
     def count(self, target: Target) -> int:
         tid = self._target_id(target, create=False)
@@ -169,7 +221,7 @@ class LutStore:
         for t in targets:
             tid = self._target_id(t, create=False)
             rows = self._db.execute(
-                "SELECT kernel, median_ms, mad_ms, repeats, measured_at FROM entries WHERE target=? ORDER BY kernel",
+                f"SELECT {_COLUMNS} FROM entries WHERE target=? ORDER BY kernel",
                 (tid,),
             ).fetchall() if tid is not None else []
             entries = {k: asdict(Measurement(*rest)) for k, *rest in rows}

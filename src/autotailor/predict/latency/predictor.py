@@ -9,6 +9,7 @@ the SubNet runs, its LUT median (what the kernel costs inside a model: see the b
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -22,13 +23,15 @@ import numpy as np
 
 from autotailor.errors import LatencyError
 from autotailor.predict.latency.kernels import Kernel, KernelPlan
-from autotailor.predict.latency.lut import LutStore, Target
+from autotailor.predict.latency.lut import LutStore, Measurement, Target
 from autotailor.predict.latency.backends import Backend
+from autotailor.predict.latency.backends.base import torch_on_one_thread
 from autotailor.supernet import Arch
 
 log = logging.getLogger(__name__)
 
 OVERHEAD_KERNEL = "overhead"  # the LUT entry of the runtime's per-call overhead
+NOISY = 0.05  # reference readings spread beyond ±5 %: warned about (half of the predictor's ±10 %)
 BYTES_PER_VALUE = 4  # float32
 
 
@@ -40,8 +43,16 @@ class ProfileReport:
 
 
 def profile(plan: KernelPlan, backend: Backend, store: LutStore, target: Target,
-            on_kernel: Callable[[int, int], None] | None = None) -> ProfileReport:
+            on_kernel: Callable[[int, int], None] | None = None, reference_every_s: float = 1.0) -> ProfileReport:
     """Measure the kernels of ``plan`` that ``store`` lacks for ``target``, and the overhead.
+
+    Paired design: the reference kernel (``Backend.reference_probe``) is timed at the start
+    and after every ``reference_every_s`` of measuring; each kernel is stored with the lower
+    of the two readings around it (a disturbance only ever slows a reading down), so that
+    ``LatencyPredictor.from_store`` can bring every entry to one machine speed. A VM's speed
+    drifts by tens of percent over tens of seconds, which would otherwise be baked into
+    whichever kernels were measured then. Kernels are committed at each reading: an
+    interrupted run loses at most ``reference_every_s`` of work.
 
     ``on_kernel(done, total)`` is called after each measurement (progress bars).
     """
@@ -49,19 +60,35 @@ def profile(plan: KernelPlan, backend: Backend, store: LutStore, target: Target,
     signatures = [k.signature for k in plan.kernels]
     missing = store.missing(target, [OVERHEAD_KERNEL, *signatures])
     by_signature = {k.signature: k for k in plan.kernels}
-    for done, sig in enumerate(missing, 1):
-        if sig == OVERHEAD_KERNEL:
-            store.put(target, sig, backend.overhead())
-        else:
-            module, shapes = plan.example(by_signature[sig])
-            try:
-                store.put(target, sig, backend.measure(module, shapes))
-            except Exception as exc:
-                raise LatencyError(f"profiling kernel {sig!r} on {target} failed: {exc}") from exc
-        if on_kernel is not None:
-            on_kernel(done, len(missing))
+    with torch_on_one_thread():
+        reference = backend.reference_probe() if missing else None
+        before, since = (reference() if reference else 0.0), time.perf_counter()
+        pending: list[tuple[str, Measurement]] = []
+        for done, sig in enumerate(missing, 1):
+            if sig == OVERHEAD_KERNEL:
+                pending.append((sig, backend.overhead()))
+            else:
+                module, shapes = plan.example(by_signature[sig])
+                try:
+                    pending.append((sig, backend.measure(module, shapes)))
+                except Exception as exc:
+                    raise LatencyError(f"profiling kernel {sig!r} on {target} failed: {exc}") from exc
+            if done == len(missing) or time.perf_counter() - since >= reference_every_s:
+                assert reference is not None
+                after = reference()
+                for key, m in pending:
+                    store.put(target, key, dataclasses.replace(m, reference_ms=min(before, after)))
+                pending, before, since = [], after, time.perf_counter()
+            if on_kernel is not None:
+                on_kernel(done, len(missing))
     report = ProfileReport(len(signatures) + 1, len(missing), time.perf_counter() - started)
     log.info("profiled %d of %d kernels on %s in %.1f s", report.measured, report.kernels, target, report.seconds)
+    speed = store.speed(target)
+    if speed is not None and speed.noise > NOISY:
+        log.warning("the machine's speed moved by ±%.0f%% while %s was profiled (the reference kernel's 10-90%% "
+                    "range), more than the ±%.0f%% that keeps predictions within ±10%%; the paired design "
+                    "corrects drift, not short bursts: profile again on a quieter machine if the predictions "
+                    "disagree with measurements", 100 * speed.noise, target, 100 * NOISY)
     return report
 
 
@@ -76,13 +103,20 @@ class LatencyPredictor:
                         for g in plan.groups]
 
     @classmethod
-    def from_store(cls, plan: KernelPlan, store: LutStore, target: Target) -> "LatencyPredictor":
+    def from_store(cls, plan: KernelPlan, store: LutStore, target: Target,
+                   reference_ms: float | None = None) -> "LatencyPredictor":
+        """From ``target``'s entries, each brought to the machine speed at which the reference
+        kernel takes ``reference_ms`` (default: the median of ``target``'s own readings)."""
         entries = store.get(target, [OVERHEAD_KERNEL, *(k.signature for k in plan.kernels)])
         missing = len(plan.kernels) + 1 - len(entries)
         if missing:
             raise LatencyError(
                 f"the LUT lacks {missing} of {len(plan.kernels) + 1} kernels for {target}; profile them first")
-        return cls(plan, [entries[k.signature].median_ms for k in plan.kernels], entries[OVERHEAD_KERNEL].median_ms)
+        if reference_ms is None:
+            speed = store.speed(target)
+            reference_ms = None if speed is None else speed.median_ms
+        return cls(plan, [entries[k.signature].at_speed(reference_ms) for k in plan.kernels],
+                   entries[OVERHEAD_KERNEL].at_speed(reference_ms))
 
     def predict(self, arch: Arch) -> float:
         """Predicted latency (ms) of ``arch`` (a complete architecture: see ``Space.complete``)."""

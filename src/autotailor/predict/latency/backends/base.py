@@ -15,8 +15,10 @@ Adding a runtime is one module with one ``@backend(NAME)`` class, imported by th
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
@@ -120,6 +122,19 @@ def _setting_value(text: str) -> object:
 Shape = tuple[int, ...]
 
 
+@contextlib.contextmanager
+def torch_on_one_thread() -> Iterator[None]:
+    """Torch (exporting kernels, extracting SubNets) on one thread while timings run beside it:
+    its idle worker threads spin for a while after each parallel operation, on a core that a
+    timing or another process needs."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _shapes(input_shape: Shape | Sequence[Shape]) -> list[Shape]:
     """One input shape, or a list of them (a kernel with a residual input has two)."""
     if len(input_shape) and isinstance(input_shape[0], int):
@@ -199,6 +214,14 @@ class Backend:
         """Warm-up, then the median (and MAD) of timed calls of ``run`` (a whole model: no flushing)."""
         return _summary(time_calls(run, self.warmup, self.repeats, self.budget_s))
 
+    def reference_probe(self) -> Callable[[], float]:
+        """A function timing the reference kernel now (ms, a whole call, caches not flushed): a
+        fixed convolution, the same for every model, whose time says how fast the machine is
+        at that moment. Profiling and calibration read it around their measurements (the paired
+        design: see ``profile``)."""
+        run = self.prepare(ReferenceKernel(), [REFERENCE_SHAPE])
+        return lambda: self.time(run).median_ms
+
     # -- deployed models -----------------------------------------------------------------------
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:  # pragma: no cover
         """Write ``net`` (an extracted SubNet) in this runtime's format at ``path`` (suffix replaced)."""
@@ -229,6 +252,19 @@ class Backend:
     def deployed_files(cls, path: Path) -> list[Path]:
         """Every file ``deploy`` wrote for the model at ``path`` (what ``deploy`` returned)."""
         return [path]
+
+
+REFERENCE_SHAPE = (1, 32, 28, 28)
+
+
+class ReferenceKernel(nn.Sequential):
+    """The reference kernel: a 3x3 convolution of 32 channels at 28x28 and a ReLU (7 M MACs,
+    weights and activations in a core's L2: it measures the core, not the memory)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        super().__init__(nn.Conv2d(32, 32, 3, padding=1), nn.ReLU())
+        self.eval()
 
 
 class _Identity(nn.Module):

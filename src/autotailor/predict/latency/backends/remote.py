@@ -25,7 +25,8 @@ import torch.nn as nn
 
 from autotailor.agent import AgentClient, AgentError
 from autotailor.errors import LatencyError
-from autotailor.predict.latency.backends.base import Backend, Shape, _Identity, _shapes, backend, make_backend
+from autotailor.predict.latency.backends.base import (REFERENCE_SHAPE, Backend, ReferenceKernel, Shape, _Identity,
+                                                      _shapes, backend, make_backend)
 from autotailor.predict.latency.lut import Measurement
 
 
@@ -92,6 +93,15 @@ class Remote(Backend):
         with tempfile.TemporaryDirectory() as tmp:
             path = self._deployed(_Identity(), [input_shape], tmp)
             return min((self._measure_file(path, [input_shape], 0) for _ in range(3)), key=lambda m: m.median_ms)
+
+    def reference_probe(self) -> Callable[[], float]:
+        tmp = tempfile.TemporaryDirectory()  # lives as long as the probe
+        path = self._deployed(ReferenceKernel(), [REFERENCE_SHAPE], tmp.name)
+
+        def probe(keep: object = tmp) -> float:
+            return self._measure_file(path, [REFERENCE_SHAPE], 0).median_ms
+
+        return probe
 
     def time(self, run: Callable[[], object]) -> Measurement:
         if not isinstance(run, _RemoteRun):
