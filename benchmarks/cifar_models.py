@@ -27,7 +27,20 @@ def mobilenet_v2() -> nn.Module:
     return model
 
 
-MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}
+def vit_c32() -> nn.Module:
+    """A vision transformer for 32x32 inputs, the stand-in for DeiT-tiny in the transformer
+    benchmark: timm's ``VisionTransformer`` (DeiT's own class: pre-norm blocks, class token,
+    learned position embedding, fused qkv, GELU MLP of ratio 4) at DeiT-tiny's width of 192,
+    with patches of 4 pixels (64 tokens and a class token, as 224 px and patch 16 give 196),
+    6 layers instead of 12 and 6 heads of 32 channels instead of 3 of 64 (more heads to drop)
+    so that training from scratch on one CPU thread takes hours, not days."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6, num_heads=6,
+                             mlp_ratio=4.0)
+
+
+MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2, "vit_c32": vit_c32}
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
 
@@ -46,6 +59,11 @@ def trained(name: str) -> nn.Module:
 def resnet18_trained() -> nn.Module:
     """``autotailor compile cifar_models:resnet18_trained``: ResNet-18 with its CIFAR-10 weights."""
     return trained("resnet18")
+
+
+def vit_c32_trained() -> nn.Module:
+    """``autotailor compile cifar_models:vit_c32_trained``: the small ViT with its CIFAR-10 weights."""
+    return trained("vit_c32")
 
 
 def mobilenet_v2_trained() -> nn.Module:

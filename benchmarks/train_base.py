@@ -4,13 +4,17 @@ Reproduce (from the repository root, after `make install`; hours on 2 cores, res
 
     .venv/bin/python benchmarks/train_base.py --model resnet18 --epochs 10 --threads 1
     .venv/bin/python benchmarks/train_base.py --model mobilenet_v2 --epochs 10 --threads 1
+    .venv/bin/python benchmarks/train_base.py --model vit_c32 --epochs 30 --threads 1
 
 A base model is what a user brings to AutoTailor: a plain trained classifier
 (``benchmarks/cifar_models.py``), trained here with plain PyTorch, not through AutoTailor, so
-its weights are independent of how AutoTailor represents a SuperNet. The recipe is the one
-``tune_cifar10.py`` used for ``autotailor train``: SGD with Nesterov momentum 0.9, lr 0.05,
-weight decay 5e-4, label smoothing 0.1, 200 warm-up steps then a cosine schedule, batch 64,
-random crops and flips.
+its weights are independent of how AutoTailor represents a SuperNet. The convolutional
+networks' recipe is the one ``tune_cifar10.py`` used for ``autotailor train``: SGD with
+Nesterov momentum 0.9, lr 0.05, weight decay 5e-4, label smoothing 0.1, 200 warm-up steps then
+a cosine schedule, batch 64, random crops and flips. The vision transformer (``vit_c32``)
+trains from scratch, which SGD does poorly: AdamW, lr 5e-4, weight decay 0.05 (not on biases,
+norms, the class token and position embedding), 500 warm-up steps, otherwise the same
+(``RECIPES``).
 
 Resumable at two levels. Every ``--checkpoint-every`` steps the full state (fp32 weights,
 momentum, step) is written to ``--work``. ``--snapshot`` copies the latest one into
@@ -31,6 +35,7 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,6 +51,18 @@ ARTIFACTS = HERE / "artifacts"
 BATCH = 64
 LR, MOMENTUM, WEIGHT_DECAY, WARMUP, SMOOTHING = 0.05, 0.9, 5e-4, 200, 0.1
 PART_BYTES = 24 * 2**20
+
+
+@dataclass(frozen=True)
+class Recipe:
+    optimizer: str  # "sgd" (Nesterov) or "adamw"
+    lr: float
+    weight_decay: float
+    warmup: int
+
+
+RECIPES = {"sgd": Recipe("sgd", LR, WEIGHT_DECAY, WARMUP), "adamw": Recipe("adamw", 5e-4, 0.05, 500)}
+MODEL_RECIPES = {"vit_c32": "adamw"}  # the rest: "sgd"
 
 log = logging.getLogger("train_base")
 
@@ -72,9 +89,12 @@ def _split_fp16(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]
 
 
 def snapshot(name: str, ckpt: dict) -> list[Path]:
-    """The checkpoint as fp16 artifact parts: model and momentum tensors under prefixed keys."""
+    """The checkpoint as fp16 artifact parts: model and optimizer tensors under prefixed keys.
+    Adam's second moments are kept as their square roots: fp16 flushes values below 6e-8 to
+    zero, and a zero second moment would make the resumed run's first steps huge."""
     flat = {f"model.{k}": v for k, v in ckpt["model"].items()}
     flat.update({f"momentum.{k}": v for k, v in ckpt["momentum"].items()})
+    flat.update({f"adam.{k}": v.sqrt() if k.startswith("exp_avg_sq.") else v for k, v in ckpt.get("adam", {}).items()})
     paths = []
     for i, part in enumerate(_split_fp16(flat)):
         path = ARTIFACTS / f"{name}_cifar10.ckpt{i}.pt"
@@ -96,8 +116,9 @@ def from_snapshot(name: str) -> dict | None:
     tensors = {k: v for d in loaded for k, v in d["tensors"].items()}
     unpack = lambda prefix: {k[len(prefix):]: v.float() if v.is_floating_point() else v  # noqa: E731
                              for k, v in tensors.items() if k.startswith(prefix)}
+    adam = {k: v.square() if k.startswith("exp_avg_sq.") else v for k, v in unpack("adam.").items()}
     return {"step": loaded[0]["step"], "steps": loaded[0]["steps"], "model": unpack("model."),
-            "momentum": unpack("momentum.")}
+            "momentum": unpack("momentum."), **({"adam": adam} if adam else {})}
 
 
 def evaluate(model: torch.nn.Module, val) -> float:
@@ -111,12 +132,23 @@ def evaluate(model: torch.nn.Module, val) -> float:
     return correct / len(val)
 
 
+def _optimizer(model: torch.nn.Module, recipe: Recipe, lr: float) -> torch.optim.Optimizer:
+    if recipe.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM, weight_decay=recipe.weight_decay,
+                               nesterov=True)
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or n in ("cls_token", "pos_embed")]
+    decay = [p for p in model.parameters() if all(p is not q for q in no_decay)]
+    return torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr,
+                             weight_decay=recipe.weight_decay)
+
+
 def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoint_every: int, label: str,
-          fallback: dict | None = None, lr: float = LR, warmup: int = WARMUP) -> None:
-    """Train ``model`` in place for ``steps`` batches of ``loader`` with the recipe above,
-    resuming from ``ckpt_path`` (else from ``fallback``, a checkpoint dict) and writing it every
-    ``checkpoint_every`` steps (fp32 weights, momentum, step)."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, nesterov=True)
+          fallback: dict | None = None, lr: float = LR, warmup: int = WARMUP, recipe: Recipe = RECIPES["sgd"]) -> None:
+    """Train ``model`` in place for ``steps`` batches of ``loader`` with ``recipe`` (its
+    weight decay and optimizer; ``lr`` and ``warmup`` as given), resuming from ``ckpt_path``
+    (else from ``fallback``, a checkpoint dict) and writing it every ``checkpoint_every`` steps
+    (fp32 weights, the optimizer's moments, step)."""
+    opt = _optimizer(model, recipe, lr)
     params = dict(model.named_parameters())
     start = 0
     state = torch.load(ckpt_path, map_location="cpu") if ckpt_path.is_file() else fallback
@@ -125,15 +157,20 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
             raise SystemExit(f"the checkpoint {ckpt_path} is of a {state['steps']}-step run, not {steps}; "
                              "pass the same length")
         model.load_state_dict(state["model"])
+        start = state["step"]
         for k, buf in state["momentum"].items():
             opt.state[params[k]]["momentum_buffer"] = buf.clone()
-        start = state["step"]
+        for key, buf in state.get("adam", {}).items():
+            slot, name = key.split(".", 1)
+            opt.state[params[name]].update({slot: buf.clone(), "step": torch.tensor(float(start))})
         log.info("resumed %s at step %d of %d", label, start, steps)
 
     def save(step: int) -> None:
         momentum = {k: opt.state[p]["momentum_buffer"] for k, p in params.items() if "momentum_buffer" in opt.state[p]}
-        atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum},
-                          ckpt_path)
+        adam = {f"{slot}.{k}": opt.state[p][slot] for k, p in params.items() for slot in ("exp_avg", "exp_avg_sq")
+                if slot in opt.state[p]}
+        atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum,
+                           **({"adam": adam} if adam else {})}, ckpt_path)
 
     model.train()
     t0, losses = time.perf_counter(), []
@@ -192,7 +229,9 @@ def main() -> None:
     steps = round(args.epochs * len(loader))
     torch.manual_seed(0)
     model = cifar_models.MODELS[args.model]()
-    train(model, loader, steps, ckpt_path, args.checkpoint_every, args.model, from_snapshot(args.model))
+    recipe = RECIPES[MODEL_RECIPES.get(args.model, "sgd")]
+    train(model, loader, steps, ckpt_path, args.checkpoint_every, args.model, from_snapshot(args.model),
+          lr=recipe.lr, warmup=recipe.warmup, recipe=recipe)
 
     accuracy = evaluate(model, val)
     out = ARTIFACTS / f"{args.model}_cifar10.fp16.pt"
