@@ -427,3 +427,96 @@ def test_a_host_profiles_and_predicts_through_the_agent(agent, tmp_path, capsys)
     assert json.loads(capsys.readouterr().out)["latency_ms"] > 0
     assert main(["profile", str(work), "--device", device.replace(agent["url"].split(":")[-1], "1"), "--quiet"]) == 2
     assert "measuring on the remote device http://127.0.0.1:1 failed" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- energy
+# No machine here exposes an energy meter (no powercap, no hwmon power sensor), so the meters
+# read a tree laid out as Linux's sysfs, whose counters a thread advances as a device's would.
+
+
+def _rapl_tree(root: Path, uj: int, max_uj: int = 262_143_328_850) -> Path:
+    zone = root / "sys/class/powercap/intel-rapl:0"
+    (zone / "intel-rapl:0:0").mkdir(parents=True)  # a sub-zone (the cores): its package counts it already
+    (zone / "name").write_text("package-0\n")
+    (zone / "energy_uj").write_text(f"{uj}\n")
+    (zone / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    (zone / "intel-rapl:0:0" / "energy_uj").write_text("5\n")
+    return zone / "energy_uj"
+
+
+def test_a_rapl_counter_is_read_around_the_runs_and_its_wrap_around_counted(onnx_model, tmp_path):
+    from autotailor.agent.energy import CounterMeter, find_meters
+
+    counter = _rapl_tree(tmp_path, 1_000)
+    meters, _ = find_meters(tmp_path)
+    assert [m.name for m in meters] == ["rapl:intel-rapl:0:package-0"]
+    wrap = CounterMeter("w", counter, max_uj=1_000_100)
+    counter.write_text("1000000\n")
+    wrap.start()
+    counter.write_text("50\n")  # 100 uJ to the wrap, 50 after it
+    assert wrap.stop() == pytest.approx(150e-6)
+
+    counter.write_text("1000\n")
+    stop = threading.Event()
+
+    def device_uses_2_watts() -> None:  # +20,000 uJ every 10 ms
+        t0, uj = time.perf_counter(), 1000
+        while not stop.wait(0.01):
+            uj = 1000 + int(2e6 * (time.perf_counter() - t0))
+            counter.write_text(f"{uj}\n")
+
+    server = start_agent(tmp_path, energy_root=tmp_path)
+    ticker = threading.Thread(target=device_uses_2_watts, daemon=True)
+    ticker.start()
+    try:
+        client = AgentClient(server.url, "tok")
+        assert client.health()["energy"] == {"available": True, "sources": ["rapl:intel-rapl:0:package-0"]}
+        r = client.measure(onnx_model, "ort-cpu", energy_s=0.5, **FAST)
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+    e = r["energy"]
+    assert e["available"] and e["seconds"] >= 0.5 and e["calls"] >= 1
+    source = e["sources"]["rapl:intel-rapl:0:package-0"]
+    assert 1.6 < source["watts"] < 2.4, source  # 2 W, less the counter's 10 ms steps
+    assert source["joules_per_call"] == pytest.approx(source["joules"] / e["calls"])
+
+
+def test_a_hwmon_power_sensor_is_sampled_and_integrated(tmp_path):
+    from autotailor.agent.energy import find_meters, measure_energy
+
+    sensor = tmp_path / "sys/class/hwmon/hwmon3"
+    sensor.mkdir(parents=True)
+    (sensor / "name").write_text("ina3221\n")
+    (sensor / "power1_input").write_text("2500000\n")  # 2.5 W, in microwatts
+    meters, reasons = find_meters(tmp_path)
+    assert [m.name for m in meters] == ["hwmon:hwmon3:ina3221:power1_input"]
+    assert reasons == [f"rapl: no RAPL zone in {tmp_path}/sys/class/powercap"]
+    e = measure_energy(lambda: time.sleep(0.01), 0.3, meters, reasons)
+    source = e["sources"]["hwmon:hwmon3:ina3221:power1_input"]
+    assert source["watts"] == pytest.approx(2.5, rel=0.02)
+    assert source["joules"] == pytest.approx(2.5 * e["seconds"], rel=0.02)
+
+
+def test_without_a_meter_energy_is_reported_unavailable_and_nothing_is_run_for_it(onnx_model, tmp_path):
+    server = start_agent(tmp_path, energy_root=tmp_path)
+    try:
+        client = AgentClient(server.url, "tok")
+        why = (f"rapl: no RAPL zone in {tmp_path}/sys/class/powercap; "
+               f"hwmon: no hwmon power sensor in {tmp_path}/sys/class/hwmon")
+        assert client.health()["energy"] == {"available": False, "reason": why}
+        t0 = time.perf_counter()
+        r = client.measure(onnx_model, "ort-cpu", energy_s=5.0, **FAST)
+        assert time.perf_counter() - t0 < 4.0  # not run for the 5 s it would have metered
+        assert r["energy"] == {"available": False, "reason": why}
+        assert "energy" not in client.measure(onnx_model, "ort-cpu", **FAST)  # not asked for: not said
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def start_agent(tmp_path: Path, **options):
+    from autotailor.agent.server import start
+
+    return start(token="tok", workdir=tmp_path / "work", **options)

@@ -46,6 +46,7 @@ import numpy as np
 from autotailor.errors import AgentError, AgentRequestError
 from autotailor.jsonhttp import JsonHandler, JsonServer
 from autotailor.timing import time_calls
+from autotailor.agent.energy import find_meters, measure_energy
 from autotailor.agent.runners import Runner, Shape, runner_class, runners
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ TIMING: dict[str, tuple[float, float, float]] = {
     "budget_s": (1.0, 0.0, 120.0),  # bounded: one request must not hold the device for long
     "windows": (5, 1, 100),
     "flush_mb": (0, 0, 1024),
+    "energy_s": (0.0, 0.0, 60.0),  # > 0: the model run again for that long with the energy meters read
 }
 _INT_TIMING = {"warmup", "repeats", "windows", "flush_mb"}
 
@@ -77,6 +79,7 @@ class Agent:
     keep: int = 64
     wait_s: float = 300.0
     max_waiting: int = 4
+    energy_root: Path = Path("/")  # where the energy meters' system files are (a test's fixture tree)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _state: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _results: "OrderedDict[str, tuple[str, dict]]" = field(default_factory=OrderedDict, repr=False)
@@ -85,8 +88,11 @@ class Agent:
     started_at: float = field(default_factory=time.time)
     measurements: int = 0  # files actually run; a replayed result does not count
     replayed: int = 0  # results answered from the store
+    _meters: list = field(default_factory=list, repr=False)
+    _energy_reasons: list[str] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
+        self._meters, self._energy_reasons = find_meters(self.energy_root)
         if not self.token:
             raise AgentError("the agent needs a non-empty token; make one with "
                              "python -c 'import secrets; print(secrets.token_urlsafe(32))' > token")
@@ -115,6 +121,8 @@ class Agent:
                          for name, cls in runners().items()},
             "timing": {k: v[0] for k, v in TIMING.items()},
             "machine": machine_facts(),
+            "energy": ({"available": True, "sources": [m.name for m in self._meters]} if self._meters else
+                       {"available": False, "reason": "; ".join(self._energy_reasons)}),
             "max_body_bytes": self.max_body_bytes,
             "busy": self._lock.locked(),
             "measurements": self.measurements,
@@ -228,9 +236,12 @@ class Agent:
                 raise AgentRequestError(f"backend {runner.name!r} loaded the file but failed to run it: "
                                         f"{' '.join(str(exc).split())[:400]}; do 'inputs' match the model?", 400) from exc
             elapsed = time.perf_counter() - t0
+            energy = (measure_energy(run, float(timing["energy_s"]), self._meters, self._energy_reasons)
+                      if timing["energy_s"] else None)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return {**summarize(samples, int(timing["windows"])),
+                **({"energy": energy} if energy is not None else {}),
                 "runtime": f"{runner.module} {runner.version()}",
                 "settings": {**runner.settings, **timing},
                 "inputs": [list(s) for s in shapes],
