@@ -333,3 +333,55 @@ def test_bundle_holds_the_exported_subnets_for_the_on_device_runtime(run_dir, tm
     dataclasses.replace(search, device=None).write(work)
     assert main(["bundle", str(work), "--out", str(tmp_path / "d")]) == 2
     assert "used no device; name the device the exports were measured on" in capsys.readouterr().err
+
+
+def test_a_fleet_runs_the_shared_steps_once_and_keeps_each_devices_results_apart(tmp_path, capsys) -> None:
+    ort_cpu, ncnn = "ort-cpu:threads=1,warmup=1,repeats=5,budget_s=0.05", "ncnn:threads=1,warmup=1,repeats=5,budget_s=0.05"
+    config = tmp_path / "fleet.toml"
+    config.write_text(CONFIG.replace(f'device = "{ort_cpu}"', f'devices = ["{ort_cpu}", "{ncnn}"]')
+                      .replace('formats = ["onnx", "ncnn"]\npick = "1"', 'formats = ["onnx"]')
+                      .replace("[var.global_vars]", f'[run.budgets]\n"{ncnn}" = 2\n[var.global_vars]'))
+    assert main(["run", str(config)]) == 0
+    work = tmp_path / "fleet"
+    record = RunRecord.read(work)
+    assert list(record.steps) == ["compile", "train", "tune", "sensitivity",
+                                  f"profile {ort_cpu}", f"search {ort_cpu}", f"export {ort_cpu}",
+                                  f"profile {ncnn}", f"search {ncnn}", f"export {ncnn}"]
+    searches = {}
+    for device, budgets in ((ort_cpu, 3), (ncnn, 2)):  # ncnn's own budget count from [run.budgets]
+        folder = work / "devices" / device.replace(":", "_").replace(",", "_").replace("=", "_")
+        searches[device] = search = SearchRecord.read(folder)
+        assert search.device == device and len(search.choices) == budgets
+        exported = ExportsRecord.read(folder).exports
+        assert len(exported) == len(search.met)
+        assert all(f.startswith(str(folder / "export")) for e in exported for f in e.files)
+        suffixes = {f.rsplit(".", 1)[1] for e in exported for f in e.files}  # [export]'s onnx and its own
+        assert suffixes == ({"onnx"} if device == ort_cpu else {"onnx", "param", "bin"})
+        assert all(e.measured["latency_ms"] > 0 and e.measured["latency_raw_ms"] > 0 for e in exported)
+        assert main(["bundle", str(work), "--out", str(tmp_path / device[:4]), "--device", device]) == 0
+    assert not (work / "search.json").exists() and not (work / "exports.json").exists()
+    assert searches[ort_cpu].target != searches[ncnn].target  # each its own LUT target
+    with LutStore(work / "latency.sqlite") as lut:
+        assert sorted({t.backend for t in lut.targets()}) == ["ncnn", "ort-cpu"]
+    report = (work / "report.md").read_text()
+    for device in (ort_cpu, ncnn):
+        assert f"## {device}: Search" in report and f"## {device}: Exported SubNets, measured" in report
+    assert report.count("![Pareto front](devices/") == 2
+    assert main(["bundle", str(work), "--out", str(tmp_path / "b")]) == 2
+    assert f"holds a fleet's results; name the device to bundle: --device {ncnn} or --device {ort_cpu}" in \
+        capsys.readouterr().err
+
+
+def test_fleet_run_files_are_checked(tmp_path) -> None:
+    config = tmp_path / "t.toml"
+    head = "[run]\nmodel = 'torchvision:resnet18'\ndata = 'digits'\n"
+    for run, message in (("device = 'ort-cpu'\ndevices = ['ncnn']", "give run.device .* or run.devices .*, not both"),
+                         ("devices = ['ort-cpu', 'ort-cpu']", r"run.devices names \['ort-cpu'\] more than once"),
+                         ("devices = []", "run.devices must be a non-empty list of device specs"),
+                         ("devices = ['ort-cpu', 'tpu']", "unknown backend 'tpu'"),
+                         ("devices = ['ort-cpu']\n[run.budgets]\nncnn = 3", r"run.budgets names 'ncnn', which is not in"),
+                         ("devices = ['ort-cpu']\n[run.budgets]\nort-cpu = 'many'", "give a count of budgets"),
+                         ("devices = ['ort-cpu']\n[run.budgets]\nort-cpu = [0]", r"search.latency_ms = \[0\] is not allowed")):
+        config.write_text(head + run)
+        with pytest.raises(at.AutoTailorError, match=message):
+            plan_run(config, tmp_path / "w")

@@ -3,7 +3,9 @@
 A SubNet is extracted with its BatchNorm statistics recalibrated on training batches (a
 tuned SuperNet's shared statistics are those of the largest SubNet; a small SubNet exported
 with them loses most of its accuracy), written in every requested format, timed on the
-search's device and evaluated on the validation subset, beside what was predicted.
+search's device (paired with the reference kernel and brought to the LUT's machine speed, as
+the predictions are; as timed in ``latency_raw_ms``) and evaluated on the validation subset,
+beside what was predicted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from autotailor.errors import ExportError
 from autotailor.predict.latency import export_formats, format_backend
 from autotailor.files import write_text
 from autotailor.pipeline.results import Chosen, Exported, ExportsRecord
-from autotailor.pipeline.workdir import DeviceSetup, EvalData
+from autotailor.pipeline.workdir import DeviceSetup, EvalData, slug
 from autotailor.tune import evaluate, recalibrated
 
 log = logging.getLogger(__name__)
@@ -41,19 +43,17 @@ class ExportSettings:
     pick: str = "all"  # all, a budget label (8ms, latency_ms=8) or a budget's position
 
 
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-
-
-def export_choices(sn, work: str | Path, choices: Sequence[Chosen], formats: Sequence[str],
+def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequence[str],
                    data: EvalData | None, device: DeviceSetup | None,
                    on_done: Callable[[Exported], None] | None = None) -> list[Exported]:
-    """Export each chosen SubNet (of ``search.json``) and measure it; write ``WORK/exports.json``."""
+    """Export each chosen SubNet (of ``search.json``) into ``OUT/export/BUDGET/`` and measure it;
+    write ``OUT/exports.json`` (``out``: the work directory, or a fleet device's folder)."""
     formats = check_formats(formats)
-    out = []
+    reference = device.reference_ms() if device is not None else None
+    done = []
     for choice in choices:
         arch = sn.space.complete(choice.arch)
-        folder = Path(work) / "export" / _slug(choice.budget)
+        folder = Path(out) / "export" / slug(choice.budget)
         folder.mkdir(parents=True, exist_ok=True)
         shape = tuple(sn.input_shape(arch))
         if data is not None:
@@ -63,21 +63,25 @@ def export_choices(sn, work: str | Path, choices: Sequence[Chosen], formats: Seq
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
             net = sn.extract(arch).eval()
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
-        measured: dict[str, float | None] = {"latency_ms": None, "latency_mad_ms": None, "accuracy": None}
+        measured: dict[str, float | None] = {"latency_ms": None, "latency_mad_ms": None, "latency_raw_ms": None,
+                                             "accuracy": None}
         if device is not None:
             backend = device.backend
             with tempfile.TemporaryDirectory() as tmp:
                 path = files.get(backend.format) or backend.deploy(net, Path(tmp) / "subnet", shape)
-                timed = backend.time(backend.load(path, shape))
-                measured["latency_ms"], measured["latency_mad_ms"] = timed.median_ms, timed.mad_ms
+                timed = device.time_deployed([(path, shape)])[0]  # paired with the reference kernel
+            # at the LUT's machine speed, as predicted; and as timed
+            speed = timed.at_speed(reference) / timed.median_ms if timed.median_ms else 1.0
+            measured.update(latency_ms=timed.at_speed(reference), latency_mad_ms=timed.mad_ms * speed,
+                            latency_raw_ms=timed.median_ms)
         if data is not None:
             measured["accuracy"] = evaluate(sn, arch, data.val, data.calibration)
         predicted = {"accuracy": choice.accuracy, **choice.metrics}
         written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
         item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured)
         write_text(folder / "arch.json", json.dumps(arch, indent=1))
-        out.append(item)
+        done.append(item)
         if on_done:
             on_done(item)
-    ExportsRecord(out).write(work)
-    return out
+    ExportsRecord(done).write(out)
+    return done

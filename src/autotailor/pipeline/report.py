@@ -10,7 +10,7 @@ from typing import Any
 from autotailor.files import write_text
 from autotailor.pipeline.finalists import FINALISTS
 from autotailor.pipeline.results import ExportsRecord, Record, RunRecord, SearchRecord
-from autotailor.pipeline.workdir import SENSITIVITY
+from autotailor.pipeline.workdir import DEVICES, SENSITIVITY
 from autotailor.search import METRICS
 
 
@@ -81,8 +81,6 @@ def write_report(work: str | Path) -> Path:
     compile_info = _load(work / "compile.json") or {}
     run = _record(RunRecord, work)
     sens = _load(work / SENSITIVITY)
-    search = _record(SearchRecord, work)
-    exports = _record(ExportsRecord, work)
     lines = [f"# AutoTailor report: {compile_info.get('source', work.name)}", ""]
     if compile_info:
         lines += [f"SuperNet: {compile_info.get('num_modifications')} single modifications, "
@@ -99,9 +97,24 @@ def write_report(work: str | Path) -> Path:
                   f"validation images ({sens['info'].get('data', '?')}); {len(sens['deltas'])} modifications "
                   f"measured in {sens['seconds']:.1f} s. Most sensitive: "
                   + ", ".join(f"`{k}` {100 * v:.2f} pts" for k, v in worst) + ".", ""]
+    images = (_load(work / FINALISTS) or {}).get("info", {}).get("validation_images", 0)
+    fleet = sorted(f for f in (work / DEVICES).glob("*") if SearchRecord.exists(f)) if (work / DEVICES).is_dir() else []
+    if fleet:
+        lines += [f"A fleet of {len(fleet)} devices: compiled, tuned and measured for accuracy once; profiled, "
+                  "searched and exported for each.", ""]
+    for folder in fleet or [work]:
+        lines += _results(work, folder, images, heading="## " + (f"{SearchRecord.read(folder).device}: " if fleet else ""))
+    return write_text(work / "report.md", "\n".join(lines))
+
+
+def _results(work: Path, folder: Path, images: int, heading: str) -> list[str]:
+    """The search and export sections of one device's results (``folder``: the work directory,
+    or a fleet device's folder), under ``heading``."""
+    search, exports = _record(SearchRecord, folder), _record(ExportsRecord, folder)
+    lines: list[str] = []
     if search:
         verified, finalists, shown = search.verified, search.finalists, _shown(search)
-        lines += ["## Search", "",
+        lines += [f"{heading}Search", "",
                   f"{len(search.choices)} budgets searched in {search.seconds:.1f} s "
                   f"({search.predictions} predictions; beam {search.beam_size} SubNets)"
                   + (f" for {search.target}" if search.target else "") + "."
@@ -125,13 +138,12 @@ def write_report(work: str | Path) -> Path:
             if verified and c.arch:
                 cells.append(_fmt("latency_ms", c.measured_latency_ms))
             lines.append(f"| {c.budget} | {_fmt('accuracy', c.accuracy)} | " + " | ".join(cells) + " |")
-        images = (_load(work / FINALISTS) or {}).get("info", {}).get("validation_images", 0)
         lines += ["", *_front_summary(search, images),
-                  f"![Pareto front]({plot(work, search, exports, images).name})", ""]
+                  f"![Pareto front]({plot(folder, search, exports, images).relative_to(work)})", ""]
     if exports:
-        lines += ["## Exported SubNets, measured", "",
-                  "Timed as they are now, not scaled: where the machine's speed drifts, they differ from the "
-                  "search's measurements.", "",
+        lines += [f"{heading}Exported SubNets, measured", "",
+                  "Timed paired with the reference kernel and brought to the machine's speed when the LUT was "
+                  "profiled, as the predictions are.", "",
                   "| budget | predicted latency | measured latency | predicted accuracy | measured accuracy | files |",
                   "|---|---|---|---|---|---|"]
         for e in exports.exports:
@@ -142,7 +154,7 @@ def write_report(work: str | Path) -> Path:
                          f"{_fmt('accuracy', e.predicted.get('accuracy'))} | "
                          f"{_fmt('accuracy', e.measured.get('accuracy'))} | {files} |")
         lines.append("")
-    return write_text(work / "report.md", "\n".join(lines))
+    return lines
 
 
 def standard_error(accuracy: float, images: int) -> float:

@@ -20,6 +20,19 @@ says what to run on, and optional tables per step (``[train]``, ``[tune]``, ``[s
     [export]
     formats = ["onnx"]
 
+A fleet: ``devices = [...]`` instead of ``device``, each device with the ``[search]`` budgets
+or its own in ``[run.budgets]`` (a count, or a list of latency budgets in ms)::
+
+    [run]
+    devices = ["ort-cpu:threads=1", "ncnn:threads=1", "openvino:threads=1"]
+    [run.budgets]
+    "ncnn:threads=1" = [2, 4, 8]
+
+Compile, train, tune and sensitivity run once; profile, search and export once per device,
+each device's results in ``WORK/devices/DEVICE/`` (``search.json``, ``export/``,
+``exports.json``), its exports in ``[export]``'s formats and its own; the report has a front
+per device.
+
 The whole file is checked before the first step starts (every table's keys and values, the
 device, the export formats). Each step is a call of its step function (``pipeline.steps``)
 with the file's table as it is when the step starts. Each finished step is recorded in
@@ -69,7 +82,8 @@ finalists = 4
 formats = ["onnx"]
 """
 
-_RUN_KEYS: dict[str, type | tuple[type, ...]] = {"model": str, "input_size": int, "data": str, "device": str}
+_RUN_KEYS: dict[str, type | tuple[type, ...]] = {"model": str, "input_size": int, "data": str, "device": str,
+                                                  "devices": list, "budgets": dict}
 # The tables of the file each step reads, besides what it is given.
 _TABLES = {"compile": ("arch", "var"), "train": ("train",), "tune": ("tune",), "profile": (),
            "sensitivity": ("sensitivity",), "search": ("search", "sensitivity"), "export": ("export", "sensitivity")}
@@ -92,7 +106,7 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
     from autotailor.pipeline import steps as st
     from autotailor.pipeline.deployment import ExportSettings
     from autotailor.pipeline.selection import SearchSettings
-    from autotailor.pipeline.workdir import EvalSettings
+    from autotailor.pipeline.workdir import EvalSettings, device_folder
     from autotailor.tune import TuneConfig
 
     config = Path(config)
@@ -115,7 +129,8 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
         if k in run and not isinstance(run[k], kind):
             raise ConfigError(f"{config}: run.{k} must be {kind.__name__ if isinstance(kind, type) else kind}")
     work = Path(work) if work else config.with_suffix("")
-    data_spec, device = run["data"], run.get("device", "ort-cpu:threads=1")
+    data_spec = run["data"]
+    devices, budgets = _devices(config, run)
 
     def settings(cls, section: str, **values: object):
         return st.step_settings(cls, section, work, config, values)
@@ -125,9 +140,12 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
     from autotailor.predict.latency.backends.base import make_backend, parse_device
 
     load_config(config)
-    name, options = parse_device(device)
-    make_backend(name, **options)
+    for device in devices:
+        name, options = parse_device(device)
+        make_backend(name, **options)
     st.check_step_tables(settings)
+    for device in budgets:
+        settings(SearchSettings, "search", **budgets[device])
 
     steps: list[tuple[str, dict[str, Any], Callable[[bool], object]]] = [
         ("compile", {"model": run["model"], "input_size": run.get("input_size")},
@@ -135,22 +153,73 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
     if "train" in data:
         steps.append(("train", {"data": data_spec}, lambda again: st.tune_step(
             work, data_spec, settings(TuneConfig, "train", subnets=1), "train", quiet=quiet)))
-    steps += [
-        ("tune", {"data": data_spec},
-         lambda again: st.tune_step(work, data_spec, settings(TuneConfig, "tune"), "tune", quiet=quiet)),
-        ("profile", {"device": device}, lambda again: st.profile_step(work, device, quiet=quiet)),
-        ("sensitivity", {"data": data_spec},
-         lambda again: st.sensitivity_step(work, data_spec, settings(EvalSettings, "sensitivity"), quiet=quiet)),
-        ("search", {"device": device, "data": data_spec},
-         lambda again: print("\n".join(st.describe_search(st.search_step(
-             work, settings(SearchSettings, "search"), device, data=data_spec,
-             evaluation=settings(EvalSettings, "sensitivity"), quiet=quiet), work)))),
-        ("export", {"device": device, "data": data_spec},
-         lambda again: st.export_step(work, settings(ExportSettings, "export"), data_spec,
-                                      settings(EvalSettings, "sensitivity"), device)),
-    ]
-    steps = [(name, {**given, **{t: data[t] for t in _TABLES[name] if t in data}}, call) for name, given, call in steps]
+    steps.append(("tune", {"data": data_spec},
+                  lambda again: st.tune_step(work, data_spec, settings(TuneConfig, "tune"), "tune", quiet=quiet)))
+    sensitivity = ("sensitivity", {"data": data_spec},
+                   lambda again: st.sensitivity_step(work, data_spec, settings(EvalSettings, "sensitivity"), quiet=quiet))
+    fleet = "devices" in run
+    if fleet:
+        steps.append(sensitivity)  # shared by every device's search
+    for device in devices:
+        out = device_folder(work, device) if fleet else work
+        suffix = f" {device}" if fleet else ""
+        own = budgets.get(device, {})
+        steps.append((f"profile{suffix}", {"device": device}, lambda again, d=device: st.profile_step(work, d, quiet=quiet)))
+        if not fleet:
+            steps.append(sensitivity)
+        steps += [
+            (f"search{suffix}", {"device": device, "data": data_spec, **({"budgets": own} if own else {})},
+             lambda again, d=device, o=out, b=own: print("\n".join(st.describe_search(st.search_step(
+                 work, settings(SearchSettings, "search", **b), d, data=data_spec,
+                 evaluation=settings(EvalSettings, "sensitivity"), quiet=quiet, out=o), o)))),
+            (f"export{suffix}", {"device": device, "data": data_spec},
+             lambda again, d=device, o=out: st.export_step(work, _own_format(settings(ExportSettings, "export"), d)
+                                                          if fleet else settings(ExportSettings, "export"), data_spec,
+                                                          settings(EvalSettings, "sensitivity"), d, out=o)),
+        ]
+    steps = [(name, {**given, **{t: data[t] for t in _TABLES[name.split()[0]] if t in data}}, call)
+             for name, given, call in steps]
     return RunPlan(config, work, steps)
+
+
+def _own_format(settings, device: str):
+    """A fleet device's export settings: ``[export]``'s formats and the device's own (an NCNN
+    device gets NCNN files, an OpenVINO device IR files, whatever ``[export]`` lists)."""
+    import dataclasses
+
+    from autotailor.predict.latency.backends.base import backend_class, parse_device
+
+    name, options = parse_device(device)
+    own = backend_class(options["backend"] if name == "remote" else name).format  # type: ignore[arg-type]
+    return dataclasses.replace(settings, formats=tuple(dict.fromkeys([*settings.formats, own])))
+
+
+def _devices(config: Path, run: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The run's devices (``device``, or a fleet's ``devices``) and each device's own search
+    budgets (``[run.budgets]``: a count, or latency budgets in ms) as ``[search]`` values."""
+    if "device" in run and "devices" in run:
+        raise ConfigError(f"{config}: give run.device (one device) or run.devices (a fleet), not both")
+    devices = run.get("devices", [run.get("device", "ort-cpu:threads=1")])
+    if not devices or not all(isinstance(d, str) and d for d in devices):
+        raise ConfigError(f"{config}: run.devices must be a non-empty list of device specs, e.g. "
+                          '["ort-cpu:threads=1", "ncnn:threads=1"]')
+    twice = sorted({d for d in devices if devices.count(d) > 1})
+    if twice:
+        raise ConfigError(f"{config}: run.devices names {twice} more than once")
+    budgets: dict[str, dict[str, Any]] = {}
+    for device, value in run.get("budgets", {}).items():
+        if device not in devices:
+            raise ConfigError(f"{config}: run.budgets names {device!r}, which is not in run.devices {devices}")
+        if isinstance(value, int) and not isinstance(value, bool):
+            budgets[device] = {"budgets": value, "latency_ms": ()}
+        elif isinstance(value, list):
+            budgets[device] = {"latency_ms": tuple(value)}
+        else:
+            raise ConfigError(f"{config}: run.budgets.{device!r} = {value!r}: give a count of budgets (20) or "
+                              "latency budgets in ms ([2, 4, 8])")
+    if budgets and "devices" not in run:
+        raise ConfigError(f"{config}: run.budgets is for a fleet (run.devices); with one device, set [search]")
+    return devices, budgets
 
 
 def execute(plan: RunPlan, on_step: Callable[[str, str], None] | None = None) -> RunRecord:

@@ -173,8 +173,9 @@ def _chosen(choice: Choice, space, measured: dict[str, float] | None, finalists:
 def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: SearchSettings,
                objectives: Objectives | None = None, on_budget: Callable[[int, Choice], None] | None = None,
                on_subnet: Callable[[int, int], None] | None = None, finalists: Finalists | None = None,
-               on_finalist: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Search every budget of ``settings`` and write ``WORK/search.json`` (``SearchRecord``).
+               on_finalist: Callable[[int, int], None] | None = None, out: str | Path | None = None) -> SearchResult:
+    """Search every budget of ``settings`` and write ``OUT/search.json`` (``SearchRecord``; ``out``
+    is ``work`` unless a fleet keeps each device's results in its own folder).
 
     ``settings.verify`` > 0 (with a device): the chosen SubNets are measured on the device
     (``DeviceSetup.measure``), the latency predictor is fitted again with them, and the budgets
@@ -247,7 +248,7 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         finalists=finalists.count if finalists else 0,
         choices=[_chosen(c, sn.space, measured, finalists) for c in result.choices],
         front=[{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
-    ).write(work)
+    ).write(out or work)
     return result
 
 

@@ -269,9 +269,10 @@ def validation_data(sn, work: str | Path, data: str | None, settings: EvalSettin
 def search_step(work: str | Path, settings, device: str | None = "ort-cpu:threads=1", device_name: str | None = None,
                 lut: str | Path | None = None, data: str | None = None,
                 evaluation: EvalSettings = EvalSettings(), data_overrides: dict[str, object] | None = None,
-                quiet: bool = False):
-    """Search every budget of ``settings`` (``SearchSettings``) and write ``WORK/search.json``;
-    returns the ``SearchRecord``. ``device`` None or ``"none"``: no latency."""
+                quiet: bool = False, out: str | Path | None = None):
+    """Search every budget of ``settings`` (``SearchSettings``) and write ``OUT/search.json``
+    (``out``: ``work``, or a fleet device's folder); returns the ``SearchRecord``. ``device``
+    None or ``"none"``: no latency."""
     from autotailor.pipeline.finalists import Finalists
     from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.selection import objectives_for, run_search
@@ -308,8 +309,8 @@ def search_step(work: str | Path, settings, device: str | None = "ort-cpu:thread
         run_search(sn, work, setup, settings, objectives,
                    on_subnet=lambda done, total: progress.update(timed, completed=done, total=total),
                    finalists=finalists,
-                   on_finalist=lambda done, total: progress.update(tested, completed=done, total=total))
-    return SearchRecord.read(work)
+                   on_finalist=lambda done, total: progress.update(tested, completed=done, total=total), out=out)
+    return SearchRecord.read(out or work)
 
 
 def describe_search(found, work: str | Path) -> list[str]:
@@ -334,17 +335,20 @@ def describe_search(found, work: str | Path) -> list[str]:
 
 # -- export ------------------------------------------------------------------------------------------
 def export_step(work: str | Path, settings, data: str | None = None, evaluation: EvalSettings = EvalSettings(),
-                device: str | None = None, device_name: str | None = None, say: Say = print):
-    """Export the chosen SubNets ``settings.pick`` (``ExportSettings``) in ``settings.formats``,
-    measured on ``device`` (default: the search's; ``"none"``: not timed) and on the validation
-    data; writes ``WORK/exports.json`` and returns the ``Exported`` list."""
+                device: str | None = None, device_name: str | None = None, say: Say = print,
+                out: str | Path | None = None):
+    """Export the chosen SubNets ``settings.pick`` (``ExportSettings``) of ``OUT/search.json`` in
+    ``settings.formats``, measured on ``device`` (default: the search's; ``"none"``: not timed)
+    and on the validation data; writes ``OUT/exports.json`` (``out``: ``work``, or a fleet
+    device's folder) and returns the ``Exported`` list."""
     from autotailor.pipeline.deployment import check_formats, export_choices
     from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.workdir import device_setup
 
     sn = load_supernet(work)
     check_formats(settings.formats)
-    found = SearchRecord.read(work)
+    out = Path(out or work)
+    found = SearchRecord.read(out)
     chosen = found.pick(settings.pick)
     measured_on = validation_data(sn, work, data, evaluation)
     spec = device or found.device
@@ -360,18 +364,29 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
 
     say(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
         + (f", measured on {setup.spec}" if setup else ""))
-    return export_choices(sn, work, chosen, settings.formats, measured_on, setup, done)
+    return export_choices(sn, out, chosen, settings.formats, measured_on, setup, done)
 
 
 # -- bundle ------------------------------------------------------------------------------------------
 def bundle_step(work: str | Path, out: str | Path, device: str | None = None, say: Say = print):
     """Write the exported SubNets (``WORK/exports.json``, ONNX files) as a bundle for the on-device
     runtime (``autotailor.runtime``) in ``out``: each SubNet's file and what was measured and
-    predicted of it on the search's device. ``device``, if given, must be that device."""
+    predicted of it on the search's device. ``device``, if given, must be that device; in a
+    fleet's work directory, the device whose results to bundle (``WORK/devices/DEVICE``)."""
     from autotailor.pipeline.results import ExportsRecord, SearchRecord
+    from autotailor.pipeline.workdir import DEVICES, device_folder
+
+    results = Path(work)
+    if (results / DEVICES).is_dir():
+        fleet = sorted(f.name for f in (results / DEVICES).iterdir() if SearchRecord.exists(f))
+        if device is None or not SearchRecord.exists(device_folder(work, device)):
+            searched = [SearchRecord.read(results / DEVICES / f).device for f in fleet]
+            raise WorkdirError(f"{work} holds a fleet's results; name the device to bundle: --device "
+                               f"{' or --device '.join(map(str, searched))}")
+        results = device_folder(work, device)
     from autotailor.runtime import Bundle, SubNetEntry
 
-    found, exported = SearchRecord.read(work), ExportsRecord.read(work).exports
+    found, exported = SearchRecord.read(results), ExportsRecord.read(results).exports
     if device is not None and found.device is not None and device != found.device:
         raise WorkdirError(f"{work} was searched and exported for {found.device!r}, not {device!r}; search and "
                            f"export for {device} first (autotailor search/export {work} --device {device})")

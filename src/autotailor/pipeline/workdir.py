@@ -9,6 +9,7 @@ WORK/search.json        search                   the SubNet chosen per budget, t
 WORK/export/NAME/       export                   deployable SubNets; WORK/exports.json their measurements
 WORK/report.md, .png    report                   the run's report and plot
 WORK/run.json           run                      which steps of `autotailor run` are done, and their times
+WORK/devices/DEVICE/    run (a fleet)            one device's search.json, export/, exports.json and plot
 ```
 """
 
@@ -38,8 +39,19 @@ LUT = "latency.sqlite"
 #: What the steps write into a work directory: ``compile --force`` deletes these and nothing else.
 MADE_FILES = ("supernet.pt", "space.json", "compile.json", CONFIG, "train.ckpt", "tune.ckpt", "train.log.jsonl",
               "tune.log.jsonl", SENSITIVITY, "finalists.json", "search.json", "exports.json", "latency.sqlite",
-              "latency.sqlite-wal", "latency.sqlite-shm", "report.md", "report.png", "run.json", "export")
+              "latency.sqlite-wal", "latency.sqlite-shm", "report.md", "report.png", "run.json", "export", "devices")
 _LOCK = ".autotailor.lock"
+DEVICES = "devices"
+
+
+def slug(name: str) -> str:
+    """``name`` as one file name (a budget label, a device spec)."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def device_folder(work: str | Path, spec: str) -> Path:
+    """Where a fleet keeps device ``spec``'s results: ``WORK/devices/SLUG``."""
+    return Path(work) / DEVICES / slug(spec)
 
 
 @contextlib.contextmanager
@@ -224,17 +236,20 @@ class DeviceSetup:
         keeps its faster timing (a disturbance only ever slows a run down). Choosing the pass
         by the quotient instead would favour a reading that a disturbance inflated, and put a
         SubNet up to 20 % below what it measures. Sessions are loaded one at a time."""
-        probe = self.backend.reference_probe()
+        from autotailor.predict.latency.backends.base import torch_on_one_thread
+
         readings: list[float] = []
         timings: list[list[tuple[Any, int]]] = [[] for _ in files]
         order = [*range(len(files)), *reversed(range(len(files)))]
-        for done, i in enumerate(order):
+        with torch_on_one_thread():
+            probe = self.backend.reference_probe()
+            for done, i in enumerate(order):
+                readings.append(probe())
+                path, shape = files[i]
+                timings[i].append((self.backend.time(self.backend.load(path, shape)), len(readings) - 1))
+                if on_timed is not None:
+                    on_timed(done + 1, len(order))
             readings.append(probe())
-            path, shape = files[i]
-            timings[i].append((self.backend.time(self.backend.load(path, shape)), len(readings) - 1))
-            if on_timed is not None:
-                on_timed(done + 1, len(order))
-        readings.append(probe())
         out = []
         for pair in timings:
             m, r = min(pair, key=lambda t: t[0].median_ms)
@@ -266,7 +281,6 @@ class DeviceSetup:
         import tempfile
 
         from autotailor.predict.latency import subnet_key
-        from autotailor.predict.latency.backends.base import torch_on_one_thread
 
         unique = {subnet_key(a): a for a in archs}
         with self.open_store() as store:
@@ -278,7 +292,7 @@ class DeviceSetup:
         missing = [a for k, a in unique.items() if again or k not in stored]
         if not missing:
             return []
-        with tempfile.TemporaryDirectory() as tmp, torch_on_one_thread():
+        with tempfile.TemporaryDirectory() as tmp:
             files = []
             for i, arch in enumerate(missing):
                 shape = self.plan.sn.input_shape(arch)
