@@ -367,6 +367,12 @@ def test_ncnn_and_openvino_files_as_the_hosts_backends_deploy_them_are_measured(
     r = AgentClient(agent["url"], agent["token"]).measure(path, backend, inputs=[[1, 3, 16, 16]], **FAST)
     assert r["backend"] == backend and 0 < r["median_ms"] < 50 and r["inputs"] == [[1, 3, 16, 16]]
     assert list(agent["workdir"].iterdir()) == []
+    if backend == "ncnn":  # a precision as the host's ncnn backend names it
+        client = AgentClient(agent["url"], agent["token"])
+        r = client.measure(path, backend, inputs=[[1, 3, 16, 16]], precision="fp32", **FAST)
+        assert r["settings"]["precision"] == "fp32" and r["median_ms"] > 0
+        with pytest.raises(AgentRequestError, match=r"ncnn precision 'int4' is not allowed; expected one of"):
+            client.measure(path, backend, inputs=[[1, 3, 16, 16]], precision="int4", **FAST)
 
 
 class _ConvPlus(nn.Module):

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torchvision
 
@@ -99,3 +100,19 @@ def test_ncnn_export_of_a_linear_layer_on_tokens(tmp_path) -> None:
     assert out.shape == (1, 7, 24)
     assert np.abs(out - net(x).detach().numpy()).max() <= 1e-5 * np.abs(out).max()
     assert "Convolution1D" in param.read_text() and "Gemm" not in param.read_text()
+
+
+def test_ncnn_precision_is_part_of_the_target_and_each_runs_the_same_model(tmp_path) -> None:
+    from autotailor.predict.latency.backends import make_backend
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 1)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    ref = net(x).detach().numpy()
+    fp16, fp32 = make_backend("ncnn"), make_backend("ncnn", precision="fp32")
+    assert "precision" not in fp16.settings and fp32.settings["precision"] == "fp32"  # NCNN's default: the old key
+    path = fp32.deploy(net, tmp_path / "net", tuple(x.shape))
+    assert np.abs(fp32.run_file(path, x.numpy()) - ref).max() <= 1e-5 * np.abs(ref).max()
+    assert np.abs(fp16.run_file(path, x.numpy()) - ref).max() <= 2e-2 * np.abs(ref).max()  # fp16 where the CPU has it
+    with pytest.raises(at.AutoTailorError, match=r"ncnn precision='int4' is not allowed; expected one of \['fp16', "):
+        make_backend("ncnn", precision="int4")
