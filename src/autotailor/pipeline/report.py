@@ -10,7 +10,7 @@ from typing import Any
 from autotailor.files import write_text
 from autotailor.pipeline.finalists import FINALISTS
 from autotailor.pipeline.results import ExportsRecord, Record, RunRecord, SearchRecord
-from autotailor.pipeline.workdir import DEVICES, SENSITIVITY
+from autotailor.pipeline.workdir import SENSITIVITY, fleet_folders
 from autotailor.search import METRICS
 
 
@@ -98,7 +98,7 @@ def write_report(work: str | Path) -> Path:
                   f"measured in {sens['seconds']:.1f} s. Most sensitive: "
                   + ", ".join(f"`{k}` {100 * v:.2f} pts" for k, v in worst) + ".", ""]
     images = (_load(work / FINALISTS) or {}).get("info", {}).get("validation_images", 0)
-    fleet = sorted(f for f in (work / DEVICES).glob("*") if SearchRecord.exists(f)) if (work / DEVICES).is_dir() else []
+    fleet = fleet_folders(work)
     if fleet:
         lines += [f"A fleet of {len(fleet)} devices: compiled, tuned and measured for accuracy once; profiled, "
                   "searched and exported for each.", ""]

@@ -374,18 +374,16 @@ def bundle_step(work: str | Path, out: str | Path, device: str | None = None, sa
     predicted of it on the search's device. ``device``, if given, must be that device; in a
     fleet's work directory, the device whose results to bundle (``WORK/devices/DEVICE``)."""
     from autotailor.pipeline.results import ExportsRecord, SearchRecord
-    from autotailor.pipeline.workdir import DEVICES, device_folder
-
-    results = Path(work)
-    if (results / DEVICES).is_dir():
-        fleet = sorted(f.name for f in (results / DEVICES).iterdir() if SearchRecord.exists(f))
-        if device is None or not SearchRecord.exists(device_folder(work, device)):
-            searched = [SearchRecord.read(results / DEVICES / f).device for f in fleet]
-            raise WorkdirError(f"{work} holds a fleet's results; name the device to bundle: --device "
-                               f"{' or --device '.join(map(str, searched))}")
-        results = device_folder(work, device)
+    from autotailor.pipeline.workdir import device_folder, fleet_folders
     from autotailor.runtime import Bundle, SubNetEntry
 
+    results, fleet = Path(work), fleet_folders(work)
+    if fleet:
+        if device is None or device_folder(work, device) not in fleet:
+            searched = [str(SearchRecord.read(f).device) for f in fleet]
+            raise WorkdirError(f"{work} holds a fleet's results; name the device to bundle: --device "
+                               f"{' or --device '.join(searched)}")
+        results = device_folder(work, device)
     found, exported = SearchRecord.read(results), ExportsRecord.read(results).exports
     if device is not None and found.device is not None and device != found.device:
         raise WorkdirError(f"{work} was searched and exported for {found.device!r}, not {device!r}; search and "

@@ -54,6 +54,12 @@ def device_folder(work: str | Path, spec: str) -> Path:
     return Path(work) / DEVICES / slug(spec)
 
 
+def fleet_folders(work: str | Path) -> list[Path]:
+    """The device folders of a fleet's work directory that hold a search (none: not a fleet)."""
+    folder = Path(work) / DEVICES
+    return sorted(f for f in folder.iterdir() if (f / "search.json").is_file()) if folder.is_dir() else []
+
+
 @contextlib.contextmanager
 def locked(work: str | Path, command: str) -> Iterator[None]:
     """Hold ``WORK``'s lock while the block runs: one writer per work directory. A second
