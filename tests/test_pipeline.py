@@ -360,6 +360,9 @@ def test_a_fleet_runs_the_shared_steps_once_and_keeps_each_devices_results_apart
         assert all(e.measured["latency_ms"] > 0 and e.measured["latency_raw_ms"] > 0 for e in exported)
         assert main(["bundle", str(work), "--out", str(tmp_path / device[:4]), "--device", device]) == 0
     assert not (work / "search.json").exists() and not (work / "exports.json").exists()
+    capsys.readouterr()
+    assert main(["run", str(config)]) == 0  # nothing changed: every step done before
+    assert capsys.readouterr().out.count("done before") == 10
     assert searches[ort_cpu].target != searches[ncnn].target  # each its own LUT target
     with LutStore(work / "latency.sqlite") as lut:
         assert sorted({t.backend for t in lut.targets()}) == ["ncnn", "ort-cpu"]

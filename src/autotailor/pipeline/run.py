@@ -211,9 +211,9 @@ def _devices(config: Path, run: dict[str, Any]) -> tuple[list[str], dict[str, di
         if device not in devices:
             raise ConfigError(f"{config}: run.budgets names {device!r}, which is not in run.devices {devices}")
         if isinstance(value, int) and not isinstance(value, bool):
-            budgets[device] = {"budgets": value, "latency_ms": ()}
+            budgets[device] = {"budgets": value, "latency_ms": []}  # lists: as run.json reads them back
         elif isinstance(value, list):
-            budgets[device] = {"latency_ms": tuple(value)}
+            budgets[device] = {"latency_ms": value}
         else:
             raise ConfigError(f"{config}: run.budgets.{device!r} = {value!r}: give a count of budgets (20) or "
                               "latency budgets in ms ([2, 4, 8])")
