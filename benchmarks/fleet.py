@@ -14,7 +14,7 @@ accuracy and the choices' latency) and exports per device.
 Reported: the time of every step from ``run.json`` (each shared step appears once); per device,
 its LUT entries, the search (budgets, distinct choices), its exports (files in the device's own
 format, measured latency against predicted, measured accuracy), and how many SubNets' accuracy
-the finalists measured against how many the three searches asked for (measured once, shared).
+the accuracies the one shared finalists table holds against what the searches shortlisted.
 Results: ``benchmarks/results/fleet.{json,md}`` (``--quick``: ``WORK/results/``).
 """
 
@@ -79,7 +79,7 @@ def summarize(work: Path) -> dict:
         }
     finalists = json.loads((work / "finalists.json").read_text()) if (work / "finalists.json").is_file() else {}
     return {"steps": {k: v.seconds for k, v in record.steps.items()}, "total_s": record.seconds,
-            "devices": devices, "finalists_measured": len(finalists.get("measured", {})),
+            "devices": devices, "finalists_measured": len(finalists.get("subnets", {})),
             "finalists_asked": asked}
 
 
@@ -107,9 +107,10 @@ def report(results: dict, folder: Path) -> None:
                      f"{' '.join(r['formats'])} | {min(lat):.3f}-{max(lat):.3f} | "
                      + (f"{100 * r['median_abs_error']:.1f} %" if r["median_abs_error"] is not None else "-")
                      + f" | {100 * min(acc):.1f}-{100 * max(acc):.1f} % | {(r['latency_noise'] or '-').split(':')[0]} |")
-    lines += ["", f"Finalists: the three searches asked for the accuracy of {results['finalists_asked']} SubNets "
-              f"(budgets met x finalists per budget); {results['finalists_measured']} were measured, each once, "
-              "and shared by the devices' searches.", ""]
+    lines += ["", f"Finalists: the three searches' last rounds alone shortlist {results['finalists_asked']} SubNets "
+              f"(budgets met x finalists per budget, every verify round shortlists again); the work directory's one "
+              f"finalists table holds {results['finalists_measured']} measured accuracies in all, each SubNet "
+              "measured once whichever device's search shortlisted it.", ""]
     write_results(folder, "fleet", results, "\n".join(lines))
 
 
