@@ -262,8 +262,8 @@ def test_profiling_killed_halfway_resumes_without_measuring_twice(tmp_path) -> N
     assert "fitted to measured SubNets: " in done
     with LutStore(lut) as store:
         assert store.count(target) == total
-        subnets = [t for t in store.targets() if "model" in dict(t.settings)]  # the 20 calibration SubNets
-        assert len(subnets) == 1 and store.count(subnets[0]) == 20
+        subnets = [t for t in store.targets() if "model" in dict(t.settings)]  # the 22 calibration SubNets
+        assert len(subnets) == 1 and store.count(subnets[0]) == 22
         after = dict(store._db.execute("SELECT kernel, measured_at FROM entries").fetchall())
     assert all(after[k] == t for k, t in first.items())  # what was measured before the kill was kept
     out = subprocess.run([*cli, "predict", str(work), "--device", "ort-cpu:threads=1,flush_mb=0", "--device-name",
@@ -381,7 +381,8 @@ def test_cache_budget_is_fitted_to_measured_subnets(tmp_path, resnet) -> None:
     hot = LatencyPredictor(plan, [1.0] * len(plan.kernels), 0.1)
     archs = calibration_archs(resnet.space, costs)
     weights = [costs.params(a) for a in archs]
-    assert len(archs) == 20 and weights == sorted(weights) and weights[0] < weights[-1]
+    assert len(archs) == 22 and weights == sorted(weights) and weights[0] < weights[-1]
+    assert (archs[0], archs[-1]) == (resnet.space.complete(resnet.space.min()), resnet.space.complete(resnet.space.max()))
     # measurements made by a machine keeping 512 KiB in cache, its model kernels 60 % of the way to
     # flushed and 0.9x their time alone, and weights beyond 12 MiB streaming from memory at ~0.05 ms
     # per MiB (on the fit's grid)
@@ -487,11 +488,11 @@ def test_calibration_measures_whole_subnets_once_at_the_luts_speed(tmp_path, mnv
             for k in device.plan.kernels:
                 store.put(device.target, k.signature, Measurement(slower, 0.0, 1, reference_ms=slower * now))
         assert device.reference_ms() == pytest.approx(slower * now)
-        assert device.calibrate() == len(archs) == 20
+        assert device.calibrate() == len(archs) == 22
         assert device.calibrate() == 0  # stored in the LUT: a second run measures nothing
         with device.open_store() as store:
             stored = store.get(device.subnet_target, [subnet_key(a) for a in archs])
-        assert len(stored) == 20 and all(m.reference_ms > 0 for m in stored.values())
+        assert len(stored) == 22 and all(m.reference_ms > 0 for m in stored.values())
         measured[slower] = device.measured()
     # Each timing is stored with the reference kernel's reading beside it and read back at the
     # LUT's speed: against the LUT of a machine twice as slow, twice the time. Unpaired, the two

@@ -21,6 +21,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from autotailor.errors import AutoTailorError, WorkdirError
+
+log = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 SENSITIVITY = "sensitivity.json"
@@ -333,7 +336,12 @@ class DeviceSetup:
                                                                                    reference)
         costs, archs = self._calibration()
         measured = self.measured()
-        calibrated = not self.cache_fixed and all(subnet_key(a) in measured for a in archs)
+        lacking = sum(subnet_key(a) not in measured for a in archs)
+        calibrated = not self.cache_fixed and not lacking
+        if not self.cache_fixed and 0 < lacking < len(archs):
+            log.warning("the LUT's calibration for %s lacks %d of its %d SubNets (profiled by an older version, or "
+                        "interrupted): predictions are not calibrated until `autotailor profile` measures them",
+                        self.target, lacking, len(archs))
         if hot is cold and not calibrated:
             return cold
         model = CacheModel(self.cache_bytes)
