@@ -465,11 +465,11 @@ def test_a_rapl_counter_is_read_around_the_runs_and_its_wrap_around_counted(onnx
     counter.write_text("1000\n")
     stop = threading.Event()
 
-    def device_uses_2_watts() -> None:  # +20,000 uJ every 10 ms
-        t0, uj = time.perf_counter(), 1000
+    def device_uses_2_watts() -> None:  # +20,000 uJ every 10 ms, each value written whole as sysfs does
+        t0 = time.perf_counter()
         while not stop.wait(0.01):
-            uj = 1000 + int(2e6 * (time.perf_counter() - t0))
-            counter.write_text(f"{uj}\n")
+            (tmp_path / "uj").write_text(f"{1000 + int(2e6 * (time.perf_counter() - t0))}\n")
+            os.replace(tmp_path / "uj", counter)
 
     server = start_agent(tmp_path, energy_root=tmp_path)
     ticker = threading.Thread(target=device_uses_2_watts, daemon=True)
@@ -485,7 +485,7 @@ def test_a_rapl_counter_is_read_around_the_runs_and_its_wrap_around_counted(onnx
     e = r["energy"]
     assert e["available"] and e["seconds"] >= 0.5 and e["calls"] >= 1
     source = e["sources"]["rapl:intel-rapl:0:package-0"]
-    assert 1.6 < source["watts"] < 2.4, source  # 2 W, less the counter's 10 ms steps
+    assert 1.5 < source["watts"] < 2.5, source  # 2 W, give or take the counter's steps (a busy machine delays them)
     assert source["joules_per_call"] == pytest.approx(source["joules"] / e["calls"])
 
 
