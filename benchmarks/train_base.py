@@ -143,11 +143,14 @@ def _optimizer(model: torch.nn.Module, recipe: Recipe, lr: float) -> torch.optim
 
 
 def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoint_every: int, label: str,
-          fallback: dict | None = None, lr: float = LR, warmup: int = WARMUP, recipe: Recipe = RECIPES["sgd"]) -> None:
-    """Train ``model`` in place for ``steps`` batches of ``loader`` with ``recipe`` (its
-    weight decay and optimizer; ``lr`` and ``warmup`` as given), resuming from ``ckpt_path``
-    (else from ``fallback``, a checkpoint dict) and writing it every ``checkpoint_every`` steps
-    (fp32 weights, the optimizer's moments, step)."""
+          fallback: dict | None = None, lr: float | None = None, warmup: int | None = None,
+          recipe: Recipe = RECIPES["sgd"]) -> None:
+    """Train ``model`` in place for ``steps`` batches of ``loader`` with ``recipe`` (``lr`` and
+    ``warmup`` the recipe's unless given), resuming from ``ckpt_path`` (else from ``fallback``,
+    a checkpoint dict) and writing it every ``checkpoint_every`` steps (fp32 weights, the
+    optimizer's moments, step)."""
+    lr = recipe.lr if lr is None else lr
+    warmup = recipe.warmup if warmup is None else warmup
     opt = _optimizer(model, recipe, lr)
     params = dict(model.named_parameters())
     start = 0
@@ -230,8 +233,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = cifar_models.MODELS[args.model]()
     recipe = RECIPES[MODEL_RECIPES.get(args.model, "sgd")]
-    train(model, loader, steps, ckpt_path, args.checkpoint_every, args.model, from_snapshot(args.model),
-          lr=recipe.lr, warmup=recipe.warmup, recipe=recipe)
+    train(model, loader, steps, ckpt_path, args.checkpoint_every, args.model, from_snapshot(args.model), recipe=recipe)
 
     accuracy = evaluate(model, val)
     out = ARTIFACTS / f"{args.model}_cifar10.fp16.pt"
