@@ -116,3 +116,9 @@ def test_ncnn_precision_is_part_of_the_target_and_each_runs_the_same_model(tmp_p
     assert np.abs(fp16.run_file(path, x.numpy()) - ref).max() <= 2e-2 * np.abs(ref).max()  # fp16 where the CPU has it
     with pytest.raises(at.AutoTailorError, match=r"ncnn precision='int4' is not allowed; expected one of \['fp16', "):
         make_backend("ncnn", precision="int4")
+    # Winograd convolutions off: another target, the same outputs
+    plain = make_backend("ncnn", winograd=False)
+    assert plain.settings["winograd"] is False and "winograd" not in fp16.settings
+    assert np.abs(plain.run_file(path, x.numpy()) - ref).max() <= 2e-2 * np.abs(ref).max()
+    with pytest.raises(at.AutoTailorError, match="ncnn winograd='no' is not allowed; expected true or false"):
+        make_backend("ncnn", winograd="no")

@@ -21,7 +21,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from autotailor.errors import AgentRequestError
-from autotailor.precision import NCNN_PRECISIONS, set_ncnn_precision
+from autotailor.precision import NCNN_PRECISIONS, configure_ncnn
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class NcnnRunner(Runner):
 
     module = "ncnn"
     files = {"param": ".param", "bin": ".bin"}
-    options = {"threads": 1, "precision": "fp16"}
+    options = {"threads": 1, "precision": "fp16", "winograd": True}
 
     def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> tuple[Callable[[], object], list[Shape]]:
         ncnn = self.require()
@@ -191,9 +191,11 @@ class NcnnRunner(Runner):
         precision = self.settings["precision"]
         if precision not in NCNN_PRECISIONS:
             raise _bad(f"ncnn precision {precision!r} is not allowed; expected one of {list(NCNN_PRECISIONS)}")
+        if not isinstance(self.settings["winograd"], bool):
+            raise _bad(f"ncnn winograd must be true or false, got {self.settings['winograd']!r}")
         net = ncnn.Net()
         net.opt.num_threads = int(self.settings["threads"])  # type: ignore[arg-type]
-        set_ncnn_precision(net.opt, precision)  # type: ignore[arg-type]
+        configure_ncnn(net.opt, precision, self.settings["winograd"])  # type: ignore[arg-type]
         if net.load_param(str(files["param"])) != 0 or net.load_model(str(files["bin"])) != 0:
             raise _bad("NCNN could not load the uploaded 'param' and 'bin' parts; are they a pnnx-written .param and .bin?")
         names = list(net.input_names())

@@ -157,19 +157,19 @@ def export_ncnn(net: nn.Module, path: str | Path, input_shape: tuple[int, ...] |
     return param, weights
 
 
-def ncnn_net(param: str | Path, threads: int = 1, precision: str = "fp16"):
+def ncnn_net(param: str | Path, threads: int = 1, precision: str = "fp16", winograd: bool = True):
     """An ``ncnn.Net`` loaded from ``PATH.param`` and its ``.bin``, running on ``threads`` CPU
-    threads at ``precision`` (``NCNN_PRECISIONS``)."""
+    threads at ``precision`` (``NCNN_PRECISIONS``), with or without Winograd convolutions."""
     import ncnn
 
-    from autotailor.precision import NCNN_PRECISIONS, set_ncnn_precision
+    from autotailor.precision import NCNN_PRECISIONS, configure_ncnn
 
     if precision not in NCNN_PRECISIONS:
         raise ExportError(f"NCNN precision {precision!r} is not allowed; expected one of {list(NCNN_PRECISIONS)}")
     param = Path(param)
     net = ncnn.Net()
     net.opt.num_threads = threads
-    set_ncnn_precision(net.opt, precision)
+    configure_ncnn(net.opt, precision, winograd)
     if net.load_param(str(param)) != 0 or net.load_model(str(param.with_suffix(".bin"))) != 0:
         raise ExportError(f"NCNN could not load {param} and {param.with_suffix('.bin')}")
     return net

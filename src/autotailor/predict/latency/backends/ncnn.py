@@ -26,22 +26,25 @@ class Ncnn(Backend):
     format = "ncnn"
     suffix = ".param"
 
-    options = ("threads", "precision", "flush_mb")
+    options = ("threads", "precision", "winograd", "flush_mb")
 
-    def __init__(self, precision: str = "fp16", **kwargs: object):
+    def __init__(self, precision: str = "fp16", winograd: bool = True, **kwargs: object):
         from autotailor.precision import NCNN_PRECISIONS
 
         super().__init__(**kwargs)
         if precision not in NCNN_PRECISIONS:
             raise LatencyError(f"ncnn precision={precision!r} is not allowed; expected one of {list(NCNN_PRECISIONS)}")
-        self.precision = precision
+        if not isinstance(winograd, bool):
+            raise LatencyError(f"ncnn winograd={winograd!r} is not allowed; expected true or false")
+        self.precision, self.winograd = precision, winograd
         self._widest: int | None = None
 
     @property
     def settings(self) -> dict[str, object]:
-        # NCNN's default precision is left out of the key: tables profiled before it was a
-        # setting were measured at it
-        return {**super().settings, **({"precision": self.precision} if self.precision != "fp16" else {})}
+        # NCNN's defaults are left out of the key: tables profiled before they were settings
+        # were measured at them
+        return {**super().settings, **({"precision": self.precision} if self.precision != "fp16" else {}),
+                **({"winograd": False} if not self.winograd else {})}
 
     def prepare(self, module: nn.Module, input_shapes: list[Shape]) -> Callable[[], object]:
         from autotailor.deploy import export_ncnn
@@ -55,7 +58,7 @@ class Ncnn(Backend):
 
         from autotailor.deploy import ncnn_net
 
-        net = ncnn_net(param, self.threads, self.precision)  # loaded into memory: the files may go
+        net = ncnn_net(param, self.threads, self.precision, self.winograd)  # loaded into memory: the files may go
         rng = np.random.default_rng(0)
         # Inputs are NCNN-owned Mats made once, as an application reuses its input buffers, and
         # the output is extracted as computed (type 1: no conversion): copying either would be
@@ -107,7 +110,7 @@ class Ncnn(Backend):
     def run_file(self, path: str | Path, x: np.ndarray) -> np.ndarray:
         from autotailor.deploy import ncnn_net, run_ncnn
 
-        return run_ncnn(ncnn_net(path, self.threads, self.precision), x)
+        return run_ncnn(ncnn_net(path, self.threads, self.precision, self.winograd), x)
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return self._runner(Path(path), [input_shape])
