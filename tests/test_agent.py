@@ -371,7 +371,7 @@ def test_ncnn_and_openvino_files_as_the_hosts_backends_deploy_them_are_measured(
         client = AgentClient(agent["url"], agent["token"])
         r = client.measure(path, backend, inputs=[[1, 3, 16, 16]], precision="fp32", winograd=False, **FAST)
         assert r["settings"]["precision"] == "fp32" and r["settings"]["winograd"] is False and r["median_ms"] > 0
-        with pytest.raises(AgentRequestError, match=r"ncnn precision 'int4' is not allowed; expected one of"):
+        with pytest.raises(AgentRequestError, match=r"ncnn precision='int4' is not allowed; expected one of"):
             client.measure(path, backend, inputs=[[1, 3, 16, 16]], precision="int4", **FAST)
 
 

@@ -14,11 +14,20 @@ NCNN_PRECISIONS: dict[str, dict[str, bool]] = {
 }
 
 
+def ncnn_options_error(precision: object, winograd: object) -> str | None:
+    """What is wrong with these NCNN options, or None (callers raise it as their own error)."""
+    if precision not in NCNN_PRECISIONS:
+        return f"ncnn precision={precision!r} is not allowed; expected one of {list(NCNN_PRECISIONS)}"
+    if not isinstance(winograd, bool):
+        return f"ncnn winograd={winograd!r} is not allowed; expected true or false"
+    return None
+
+
 def configure_ncnn(opt: object, precision: str = "fp16", winograd: bool = True) -> None:
     """Set an ``ncnn.Option`` for ``precision`` (a key of ``NCNN_PRECISIONS``; ``KeyError``
     otherwise) and ``winograd``. NCNN picks Winograd for 3x3 convolutions by their channels,
-    not their size: on a 32 px ResNet-18 SubNet, whose last stages run at 2x2 and 1x1, it took
-    about 10 ms with Winograd and 1.8 ms without (docs/latency.md)."""
+    not their size: a 32 px ResNet-18 SubNet, whose last stages run at 2x2 and 1x1, ran 5.3x
+    slower with it (docs/latency.md)."""
     for option, on in NCNN_PRECISIONS[precision].items():
         setattr(opt, option, on)
     opt.use_winograd_convolution = winograd

@@ -21,7 +21,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from autotailor.errors import AgentRequestError
-from autotailor.precision import NCNN_PRECISIONS, configure_ncnn
+from autotailor.precision import configure_ncnn, ncnn_options_error
 
 log = logging.getLogger(__name__)
 
@@ -188,14 +188,13 @@ class NcnnRunner(Runner):
         ncnn = self.require()
         if not inputs:
             raise _bad("backend 'ncnn' needs 'inputs' (NCNN files do not record input shapes), e.g. [[1, 3, 224, 224]]")
-        precision = self.settings["precision"]
-        if precision not in NCNN_PRECISIONS:
-            raise _bad(f"ncnn precision {precision!r} is not allowed; expected one of {list(NCNN_PRECISIONS)}")
-        if not isinstance(self.settings["winograd"], bool):
-            raise _bad(f"ncnn winograd must be true or false, got {self.settings['winograd']!r}")
+        precision, winograd = self.settings["precision"], self.settings["winograd"]
+        error = ncnn_options_error(precision, winograd)
+        if error:
+            raise _bad(error)
         net = ncnn.Net()
         net.opt.num_threads = int(self.settings["threads"])  # type: ignore[arg-type]
-        configure_ncnn(net.opt, precision, self.settings["winograd"])  # type: ignore[arg-type]
+        configure_ncnn(net.opt, precision, winograd)  # type: ignore[arg-type]
         if net.load_param(str(files["param"])) != 0 or net.load_model(str(files["bin"])) != 0:
             raise _bad("NCNN could not load the uploaded 'param' and 'bin' parts; are they a pnnx-written .param and .bin?")
         names = list(net.input_names())

@@ -162,10 +162,11 @@ def ncnn_net(param: str | Path, threads: int = 1, precision: str = "fp16", winog
     threads at ``precision`` (``NCNN_PRECISIONS``), with or without Winograd convolutions."""
     import ncnn
 
-    from autotailor.precision import NCNN_PRECISIONS, configure_ncnn
+    from autotailor.precision import configure_ncnn, ncnn_options_error
 
-    if precision not in NCNN_PRECISIONS:
-        raise ExportError(f"NCNN precision {precision!r} is not allowed; expected one of {list(NCNN_PRECISIONS)}")
+    error = ncnn_options_error(precision, winograd)
+    if error:
+        raise ExportError(error)
     param = Path(param)
     net = ncnn.Net()
     net.opt.num_threads = threads

@@ -29,13 +29,12 @@ class Ncnn(Backend):
     options = ("threads", "precision", "winograd", "flush_mb")
 
     def __init__(self, precision: str = "fp16", winograd: bool = True, **kwargs: object):
-        from autotailor.precision import NCNN_PRECISIONS
+        from autotailor.precision import ncnn_options_error
 
         super().__init__(**kwargs)
-        if precision not in NCNN_PRECISIONS:
-            raise LatencyError(f"ncnn precision={precision!r} is not allowed; expected one of {list(NCNN_PRECISIONS)}")
-        if not isinstance(winograd, bool):
-            raise LatencyError(f"ncnn winograd={winograd!r} is not allowed; expected true or false")
+        error = ncnn_options_error(precision, winograd)
+        if error:
+            raise LatencyError(error)
         self.precision, self.winograd = precision, winograd
         self._widest: int | None = None
 
