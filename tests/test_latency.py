@@ -458,6 +458,9 @@ def test_one_table_backend_is_calibrated_for_kernels_inside_a_model(tmp_path, re
     measured = [0.84 * (table.predict(a) - 0.05) + 0.05 for a in archs]  # kernels x0.84, the overhead once
     fitted = fit_cache_model(table, table, costs, archs, measured, 2**22)
     assert fitted == CacheModel(2**22, 1.0, math.inf, 0.0, 0.84)
+    # the largest SubNet timed 8 % slow once: no streaming term is fitted to that one timing
+    slow_largest = measured[:-1] + [1.08 * measured[-1]]
+    assert fit_cache_model(table, table, costs, archs, slow_largest, 2**22) == fitted
     with device.open_store() as store:
         for k, ms in zip(plan.kernels, table.kernel_ms):
             store.put(device.target, k.signature, Measurement(ms, 0.0, 1))
