@@ -88,7 +88,7 @@ def predictions(model_dir: Path, lut: Path, device: str, archs: list[dict]) -> d
     setup = device_setup(load_supernet(model_dir), model_dir, device, "this", lut)
     paired, raw = setup.predictor(), unpaired(setup)
     return {"paired": [paired.predict(a) for a in archs], "unpaired": [raw.predict(a) for a in archs],
-            "unpaired_model": raw.describe()}
+            "paired_model": paired.describe(), "unpaired_model": raw.describe()}
 
 
 def check(model_dir: Path, work: Path, device: str, archs: list[dict], threads: int) -> dict:
@@ -192,7 +192,7 @@ def report(state: State, args, command: str) -> None:
         s = prof["speed"]
         lines.append(f"| {p} | {time.strftime('%H:%M', time.gmtime(prof['started_at']))} | {prof['seconds']:.0f} | "
                      f"{s['median_ms']:.4f} | {pct(s['low'] - 1)} to {pct(s['high'] - 1)} | ±{pct(s['noise'])} | "
-                     f"{prof['paired_model']} | {preds[p]['unpaired_model']} |")
+                     f"{preds[p].get('paired_model', prof['paired_model'])} | {preds[p]['unpaired_model']} |")
     lines += ["", "## Predictions against the independent check", "",
               "Ratio: each SubNet's prediction over the largest's, against the measured ratio (drift-free). "
               "Absolute: the prediction against the check's time brought to the profile's machine speed by the "
