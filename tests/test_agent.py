@@ -17,6 +17,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import onnx
 import pytest
 import torch
 import torch.nn as nn
@@ -394,6 +395,18 @@ def test_a_kernel_of_two_inputs_is_written_for_the_device_and_measured_there(age
     path = make_backend(backend).kernel_file(_ConvPlus().eval(), shapes, tmp_path / "kernel")
     r = AgentClient(agent["url"], agent["token"]).measure(path, backend, inputs=[list(s) for s in shapes], **FAST)
     assert r["backend"] == backend and 0 < r["median_ms"] < 50 and r["inputs"] == [list(s) for s in shapes]
+
+
+def test_an_int8_target_sends_the_agent_quantized_files_and_not_the_precision(agent, tmp_path):
+    from autotailor.predict.latency.backends import make_backend, parse_device
+
+    name, settings = parse_device(f"remote:{agent['url'][len('http://'):]}/ort-cpu:threads=1,precision=int8")
+    remote = make_backend(name, token=agent["token"], warmup=2, repeats=5, budget_s=0.2, **settings)
+    assert remote.quantized and remote.settings["precision"] == "int8"
+    m = remote.measure(nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU()).eval(), (1, 8, 16, 16))
+    assert m.repeats >= 5 and m.median_ms >= 0
+    kernel = remote.inner.kernel_file(nn.Conv2d(8, 16, 3).eval(), [(1, 8, 16, 16)], tmp_path / "kernel")
+    assert "QuantizeLinear" in {n.op_type for n in onnx.load(str(kernel)).graph.node}
 
 
 def test_a_host_profiles_and_predicts_through_the_agent(agent, tmp_path, capsys):

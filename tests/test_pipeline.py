@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -388,3 +390,17 @@ def test_fleet_run_files_are_checked(tmp_path) -> None:
         config.write_text(head + run)
         with pytest.raises(at.AutoTailorError, match=message):
             plan_run(config, tmp_path / "w")
+
+
+def test_an_int8_device_exports_its_own_file_and_measures_its_accuracy(run_dir, tmp_path, capsys) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(run_dir, work)
+    fp32 = ExportsRecord.read(work).exports[0]
+    assert main(["export", str(work), "--pick", "1", "--device", "ort-cpu:threads=1,precision=int8"]) == 0
+    capsys.readouterr()
+    e = ExportsRecord.read(work).exports[0]
+    onnx_file = next(f for f in e.files if f.endswith(".onnx"))
+    assert "QuantizeLinear" in {n.op_type for n in onnx.load(onnx_file).graph.node} and e.arch == fp32.arch
+    assert e.measured["latency_ms"] > 0
+    # the int8 file's accuracy, measured on the file: within a few points of the fp32 SubNet's
+    assert abs(e.measured["accuracy"] - fp32.measured["accuracy"]) <= 0.05, (e.measured, fp32.measured)

@@ -5,7 +5,9 @@ tuned SuperNet's shared statistics are those of the largest SubNet; a small SubN
 with them loses most of its accuracy), written in every requested format, timed on the
 search's device (paired with the reference kernel and brought to the LUT's machine speed, as
 the predictions are; as timed in ``latency_raw_ms``) and evaluated on the validation subset,
-beside what was predicted.
+beside what was predicted. A device whose files are quantized (``Backend.quantized``: ONNX
+Runtime at int8) writes its own file of its format, calibrated on the data's calibration
+batches, and that file is what is evaluated.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from autotailor.data.loader import at_resolution
 from autotailor.errors import ExportError
 from autotailor.predict.latency import export_formats, format_backend
 from autotailor.files import write_text
@@ -63,6 +68,10 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
             net = sn.extract(arch).eval()
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
+        quantized = device is not None and device.backend.quantized
+        if quantized:  # the device's own file replaces (or joins) its format's default one
+            calibration = None if data is None else [at_resolution(x, shape[-1]).numpy() for x, _ in data.calibration]
+            files[device.backend.format] = device.backend.deploy(net, folder / "subnet", shape, calibration)
         measured: dict[str, float | None] = {"latency_ms": None, "latency_mad_ms": None, "latency_raw_ms": None,
                                              "accuracy": None}
         if device is not None:
@@ -74,7 +83,9 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
             speed = timed.at_speed(reference) / timed.median_ms if timed.median_ms else 1.0
             measured.update(latency_ms=timed.at_speed(reference), latency_mad_ms=timed.mad_ms * speed,
                             latency_raw_ms=timed.median_ms)
-        if data is not None:
+        if data is not None and quantized:
+            measured["accuracy"] = _file_accuracy(device.backend.format, files[device.backend.format], data, shape)
+        elif data is not None:
             measured["accuracy"] = evaluate(sn, arch, data.val, data.calibration)
         predicted = {"accuracy": choice.accuracy, **choice.metrics}
         written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
@@ -85,3 +96,14 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
             on_done(item)
     ExportsRecord(done).write(out)
     return done
+
+
+def _file_accuracy(fmt: str, path: Path, data: EvalData, shape: tuple[int, ...]) -> float:
+    """Top-1 accuracy of the deployed file ``path`` (of format ``fmt``, run here) on ``data.val``."""
+    runner = format_backend(fmt)()
+    correct = total = 0
+    for x, y in data.val:
+        scores = runner.run_file(path, at_resolution(x, shape[-1]).numpy())
+        correct += int((np.asarray(scores).argmax(1) == y.numpy()).sum())
+        total += len(y)
+    return correct / max(total, 1)

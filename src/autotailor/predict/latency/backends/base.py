@@ -161,6 +161,8 @@ class Backend:
     format: ClassVar[str] = ""  # export format of its deployed files
     suffix: ClassVar[str] = ""  # of the file ``deploy`` writes (distinct per backend: formats share a folder)
     options: ClassVar[tuple[str, ...]] = ("threads",)  # settings a --device spec names (for --help)
+    # settings that shape the files it writes rather than how they run (a remote agent gets the files)
+    file_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5,
                  flush_mb: int | None = None):
@@ -223,8 +225,17 @@ class Backend:
         return lambda: self.time(run).median_ms
 
     # -- deployed models -----------------------------------------------------------------------
-    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:  # pragma: no cover
-        """Write ``net`` (an extracted SubNet) in this runtime's format at ``path`` (suffix replaced)."""
+    @property
+    def quantized(self) -> bool:
+        """Whether its deployed files differ from its format's default ones (a quantized
+        precision): an export then writes the device's own file and evaluates that file."""
+        return False
+
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape,
+               calibration: Sequence[np.ndarray] | None = None) -> Path:  # pragma: no cover
+        """Write ``net`` (an extracted SubNet) in this runtime's format at ``path`` (suffix replaced).
+        ``calibration``: input batches on which a quantizing precision (ONNX Runtime's int8)
+        calibrates its ranges; other precisions ignore them."""
         raise NotImplementedError
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:  # pragma: no cover

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch.nn as nn
@@ -97,7 +97,8 @@ class Ncnn(Backend):
 
         return export_ncnn(module, self.deploy_path(path), input_shapes)[0]
 
-    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape,
+               calibration: Sequence[np.ndarray] | None = None) -> Path:
         from autotailor.deploy import export_ncnn
 
         return export_ncnn(net, self.deploy_path(path), input_shape)[0]

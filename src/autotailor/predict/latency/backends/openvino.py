@@ -86,7 +86,8 @@ class OpenVino(Backend):
     def kernel_file(self, module: nn.Module, input_shapes: list[Shape], path: str | Path) -> Path:
         return _to_ir(module, self.deploy_path(path), input_shapes)
 
-    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape,
+               calibration: Sequence[np.ndarray] | None = None) -> Path:
         return _to_ir(net, self.deploy_path(path), [tuple(input_shape)])
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import io
 import json
+import logging
 import statistics
 import tempfile
 from pathlib import Path
@@ -26,14 +27,20 @@ from autotailor.predict.latency.kernels import POINTWISE_ACTS, FusionRules
 from autotailor.predict.latency.lut import Measurement
 from autotailor.timing import time_calls
 
+log = logging.getLogger(__name__)
+
 
 @backend("ort-cpu")
 class OrtCpu(Backend):
     """ONNX Runtime, CPU execution provider, ``threads`` intra-op threads, graph optimisation
     level ``optimization``: ``extended`` (default) or ``all``, which adds the NCHWc layout
-    transformation; deployed models must run with the same level as their kernels were profiled."""
+    transformation; deployed models must run with the same level as their kernels were profiled.
+    ``precision``: ``fp32``, or ``int8``: kernels and SubNets quantized by ONNX Runtime's own
+    quantizer (``autotailor.deploy.quantize``), on random inputs for timing and on the data's
+    calibration batches for an export."""
 
     LEVELS = ("basic", "extended", "all")
+    PRECISIONS = ("fp32", "int8")
     default_flush_mb = 16
     # BatchNorm is folded into the convolution at export; the CPU provider fuses a following
     # activation (ConvActivationFusion, HardSwish included when its output feeds a node, as
@@ -42,22 +49,41 @@ class OrtCpu(Backend):
         frozenset({"batchnorm2d"}), frozenset({"add", "iadd"}), POINTWISE_ACTS | {"gelu", "hardswish"}))
     format = "onnx"
     suffix = ".onnx"
-    options = ("threads", "optimization", "flush_mb")
+    options = ("threads", "optimization", "precision", "flush_mb")
+    file_options = ("precision",)
     # How kernels are timed, part of the LUT key so that entries timed another way are measured
     # again. 2: each kernel's output feeds a node (see ``_Consumed``); 3: less the profiler's
     # own cost per node (see ``node_offset_ms``).
     TIMING = 3
 
-    def __init__(self, optimization: str = "all", **kwargs: object):
+    def __init__(self, optimization: str = "all", precision: str = "fp32", **kwargs: object):
         super().__init__(**kwargs)
         if optimization not in self.LEVELS:
             raise LatencyError(f"ort-cpu optimization={optimization!r} is not allowed; expected one of {self.LEVELS}")
-        self.optimization = optimization
+        if precision not in self.PRECISIONS:
+            raise LatencyError(f"ort-cpu precision={precision!r} is not allowed; expected one of {self.PRECISIONS}")
+        self.optimization, self.precision = optimization, precision
         self._node_offset_ms: float | None = None
 
     @property
     def settings(self) -> dict[str, object]:
-        return {**super().settings, "optimization": self.optimization, "timing": self.TIMING}
+        # fp32 is left out of the key: tables profiled before precision was a setting are fp32
+        return {**super().settings, "optimization": self.optimization, "timing": self.TIMING,
+                **({"precision": self.precision} if self.precision != "fp32" else {})}
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision == "int8"
+
+    def _model(self, module: nn.Module, input_shapes: list[Shape]) -> bytes:
+        """``module`` as the ONNX model this backend runs: quantized on random inputs for int8."""
+        model = _onnx_bytes(module, input_shapes)
+        if self.precision == "fp32":
+            return model
+        from autotailor.deploy.quantize import quantize_onnx, random_batches
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return quantize_onnx(model, Path(tmp) / "int8.onnx", random_batches(input_shapes)).read_bytes()
 
     def _session(self, module: nn.Module, input_shapes: list[Shape], profiling: str | None = None):
         import onnxruntime as ort
@@ -66,7 +92,7 @@ class OrtCpu(Backend):
         if profiling is not None:
             opts.enable_profiling = True
             opts.profile_file_prefix = profiling
-        sess = ort.InferenceSession(_onnx_bytes(module, input_shapes), opts, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(self._model(module, input_shapes), opts, providers=["CPUExecutionProvider"])
         rng = np.random.default_rng(0)
         feed = {i.name: rng.standard_normal(s).astype(np.float32) for i, s in zip(sess.get_inputs(), input_shapes)}
         return sess, feed
@@ -82,7 +108,10 @@ class OrtCpu(Backend):
         (NCHWc) layout, which a whole model does only at its ends; those reorder nodes and the
         call overhead (see ``overhead``) are left out, so that the entry is what the kernel costs
         inside a model. So is the node that consumes the kernel's output (``_Consumed``), and so
-        is what the profiler itself adds to each node (``node_offset_ms``)."""
+        is what the profiler itself adds to each node (``node_offset_ms``). An int8 kernel alone
+        also quantizes its input, dequantizes its output and transposes both to and from the
+        layout of the integer kernels, which inside a model happen only at its ends: only the
+        kernel's own nodes count."""
         if self._node_offset_ms is None:
             self._node_offset_ms = self.node_offset_ms()
         return _summary(self._profiled_ms(_Consumed(module), _shapes(input_shape), self._flush, self._node_offset_ms))
@@ -97,7 +126,8 @@ class OrtCpu(Backend):
             run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
             time_calls(run, self.warmup, self.repeats, self.budget_s, before)
             events = json.loads(Path(sess.end_profiling()).read_text())
-        per_run = _per_run_kernel_ms(events, self.warmup, node_offset_ms)
+        per_run = _per_run_kernel_ms(events, self.warmup, node_offset_ms,
+                                     _counted if self.precision == "fp32" else _own_node)
         if not per_run:
             raise LatencyError("ONNX Runtime's profiler recorded no model runs; is this onnxruntime too old?")
         return per_run
@@ -119,14 +149,21 @@ class OrtCpu(Backend):
         profiled = statistics.median(self._profiled_ms(chain(long).eval(), shape, None, 0.0)) / long
         return max(0.0, profiled - slope)
 
-    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
-        from autotailor.deploy import export_onnx
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape,
+               calibration: Sequence[np.ndarray] | None = None) -> Path:
+        from autotailor.deploy import export_onnx, quantize_onnx
+        from autotailor.deploy.quantize import random_batches
 
-        return export_onnx(net, self.deploy_path(path), input_shape)
+        out = export_onnx(net, self.deploy_path(path), input_shape)
+        if self.precision == "int8":
+            if calibration is None:
+                log.info("%s: int8 ranges calibrated on random inputs (fine for timing, not for accuracy)", out.name)
+            quantize_onnx(out, out, random_batches([input_shape]) if calibration is None else [[b] for b in calibration])
+        return out
 
     def kernel_file(self, module: nn.Module, input_shapes: list[Shape], path: str | Path) -> Path:
         out = self.deploy_path(path)
-        out.write_bytes(_onnx_bytes(module, input_shapes))
+        out.write_bytes(self._model(module, input_shapes))
         return out
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
@@ -184,9 +221,16 @@ def _counted(event: dict) -> bool:
     return args.get("op_name") not in _LAYOUT_NODES and not event["name"].startswith("/consumer/")
 
 
-def _per_run_kernel_ms(events: list[dict], skip: int, node_offset_ms: float = 0.0) -> list[float]:
-    """Per model run (after the first ``skip``), the summed duration of its counted nodes, each
-    less ``node_offset_ms`` (the profiler's own cost per node; a node counts at least 0)."""
+def _own_node(event: dict) -> bool:
+    """Whether a profiled node is one of the kernel's own (``_Consumed`` names them
+    ``/kernel/...``), not a conversion at its input or output that ONNX Runtime inserted."""
+    return event["name"].startswith("/kernel/")
+
+
+def _per_run_kernel_ms(events: list[dict], skip: int, node_offset_ms: float = 0.0,
+                       counted: Callable[[dict], bool] = _counted) -> list[float]:
+    """Per model run (after the first ``skip``), the summed duration of its ``counted`` nodes,
+    each less ``node_offset_ms`` (the profiler's own cost per node; a node counts at least 0)."""
     runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     runs = sorted(runs)[skip:]
     totals = [0.0] * len(runs)
@@ -194,7 +238,7 @@ def _per_run_kernel_ms(events: list[dict], skip: int, node_offset_ms: float = 0.
     for e in events:
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
             continue
-        if not _counted(e):
+        if not counted(e):
             continue
         i = bisect.bisect_right(starts, e["ts"]) - 1
         if i >= 0 and e["ts"] <= runs[i][1]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 from urllib.parse import urlparse
 
+import numpy as np
 import torch.nn as nn
 
 from autotailor.agent import AgentClient, AgentError
@@ -60,7 +61,8 @@ class Remote(Backend):
         self.url = url
         self.machine = urlparse(url).netloc  # a LUT's device name: each agent its own entries
         self.client = AgentClient(url, token)
-        self._runtime_settings = {k: v for k, v in settings.items() if k not in ("warmup", "repeats", "budget_s", "flush_mb")}
+        self._runtime_settings = {k: v for k, v in settings.items()
+                                  if k not in ("warmup", "repeats", "budget_s", "flush_mb", *self.inner.file_options)}
 
     @property
     def settings(self) -> dict[str, object]:
@@ -112,8 +114,9 @@ class Remote(Backend):
         raise LatencyError("a remote backend does not run kernels here; use measure()")
 
     # -- deployed models -----------------------------------------------------------------------
-    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
-        return self.inner.deploy(net, path, input_shape)
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape,
+               calibration: Sequence[np.ndarray] | None = None) -> Path:
+        return self.inner.deploy(net, path, input_shape, calibration)
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
         return _RemoteRun(Path(path), [tuple(input_shape)])
@@ -121,6 +124,10 @@ class Remote(Backend):
     def run_file(self, path: str | Path, x) -> object:
         raise LatencyError("a remote device's agent answers timings, not outputs; check outputs with the "
                            f"{self.inner.name!r} backend here")
+
+    @property
+    def quantized(self) -> bool:
+        return self.inner.quantized
 
     def deploy_path(self, path: str | Path) -> Path:  # type: ignore[override]
         return self.inner.deploy_path(path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -38,7 +38,8 @@ class TorchEager(Backend):
 
         return run
 
-    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape) -> Path:
+    def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape,
+               calibration: Sequence[np.ndarray] | None = None) -> Path:
         from autotailor.deploy import export_torchscript
 
         return export_torchscript(net, self.deploy_path(path), input_shape)
