@@ -8,7 +8,8 @@ several hours for everything, resumable)::
     .venv/bin/python benchmarks/latency_predictor.py --report-only
 
 For each model (torchvision, random weights made well-conditioned, default space, 224 px) and
-backend (``--backends``: ONNX Runtime CPU and NCNN by default, OpenVINO too; 1 thread):
+backend (``--backends``: ONNX Runtime CPU and NCNN by default, OpenVINO too, each optionally
+with settings of its own, e.g. ``ort-cpu:precision=int8``; 1 thread):
 
 1. enumeration of the unique kernels for each granularity in ``--variants`` (fused kernels,
    operators without fusion, whole blocks): count and time;
@@ -63,7 +64,7 @@ from sklearn.ensemble import RandomForestRegressor
 import autotailor as at
 from autotailor.pipeline.workdir import device_setup
 from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, CostModel, KernelPlan, LatencyPredictor,
-                                        fit_cache_model, profile, spread_by_weight, subnet_key)
+                                        fit_cache_model, parse_device, profile, spread_by_weight, subnet_key)
 from autotailor.predict.latency.predictor import kernel_costs
 from autotailor.testing import well_conditioned
 
@@ -111,7 +112,9 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     archs = [sn.space.max(), sn.space.min()] + [sn.space.sample(rng) for _ in range(args.subnets)]
     # The device as `autotailor profile` sets it up: backend, targets, and the warm LUT's backend
     # where the backend flushes caches.
-    device = device_setup(sn, args.work, f"{backend_name}:threads=1", device_name="bench",
+    # a backend may carry settings of its own (ort-cpu:precision=int8); 1 thread always
+    spec = f"{backend_name},threads=1" if ":" in backend_name else f"{backend_name}:threads=1"
+    device = device_setup(sn, args.work, spec, device_name="bench",
                           lut=Path(args.work) / "lut.sqlite")
     backend, target = device.backend, device.target
     lut = device.open_store()
@@ -127,7 +130,7 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
     variants = ["fused", *(v for v in args.variants.split(",") if v != "fused")]
     for name in variants:
         rules, granularity = VARIANTS[name]
-        plan = KernelPlan(sn, rules or backend_name, granularity)
+        plan = KernelPlan(sn, rules or parse_device(spec)[0], granularity)
         plans[name] = plan
         st.setdefault("enumeration", {})[name] = {"kernels": len(plan.kernels), "groups": len(plan.groups),
                                                   "seconds": plan.seconds}
