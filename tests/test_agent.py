@@ -409,6 +409,28 @@ def test_an_int8_target_sends_the_agent_quantized_files_and_not_the_precision(ag
     assert "QuantizeLinear" in {n.op_type for n in onnx.load(str(kernel)).graph.node}
 
 
+@pytest.mark.parametrize("backend", ["ort-cpu", "openvino"])
+def test_a_device_counts_kernels_with_the_runtimes_profiler_as_the_host_does(agent, backend):
+    """A kernel alone converts its input and output between layouts, which a model does once at
+    its ends: the agent leaves that out as the host's backend does, where the wall clock cannot."""
+    from autotailor.predict.latency.backends import make_backend
+
+    kernel, shape = nn.Sequential(nn.Conv2d(96, 96, 3, padding=1, groups=96), nn.ReLU6()).eval(), (1, 96, 56, 56)
+    timing = {"warmup": 3, "repeats": 30, "budget_s": 0.5}
+    local = make_backend(backend, threads=1, **timing)
+    remote = make_backend("remote", url=agent["url"], backend=backend, token=agent["token"], threads=1, **timing)
+    assert remote.settings["timing"] == f"agent-{local.count}:{backend}"
+    here, there = local.measure(kernel, shape).median_ms, remote.measure(kernel, shape).median_ms
+    wall = AgentClient(agent["url"], agent["token"]).measure(
+        local.kernel_file(kernel, [shape], agent["root"] / "k"), backend, inputs=[list(shape)], **timing)["median_ms"]
+    assert 0.7 < there / here < 1.4, (there, here)
+    assert there < 0.85 * wall, (there, wall)
+    with pytest.raises(AgentRequestError, match=r"backend 'ncnn' does not take the settings \['count'\]"):
+        AgentClient(agent["url"], agent["token"]).measure(
+            make_backend("ncnn").kernel_file(kernel, [shape], agent["root"] / "n"), "ncnn", inputs=[list(shape)],
+            count="layout", **timing)
+
+
 def test_a_host_profiles_and_predicts_through_the_agent(agent, tmp_path, capsys):
     # --device remote:HOST:PORT/BACKEND: each kernel is exported here and timed by the agent.
     import autotailor as at
@@ -438,7 +460,7 @@ def test_a_host_profiles_and_predicts_through_the_agent(agent, tmp_path, capsys)
     assert main(["profile", str(work), "--device", device, "--quiet"]) == 0
     with LutStore(work / "latency.sqlite") as lut:
         targets = [dict(t.settings) for t in lut.targets()]
-    assert targets and all(t["timing"] == "agent-wall:ort-cpu" for t in targets)
+    assert targets and all(t["timing"] == "agent-layout:ort-cpu" for t in targets)  # counted as here
     measured = AgentClient(agent["url"], agent["token"]).health()["measurements"] - before
     assert measured >= 5  # the kernels (and the call overhead) were timed on the agent
     capsys.readouterr()

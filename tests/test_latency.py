@@ -350,7 +350,8 @@ def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
     always does inside a model; a kernel timed alone must be given such a consumer."""
     import onnxruntime as ort
 
-    from autotailor.predict.latency.backends.ort import OrtCpu, _Consumed, _counted, _onnx_bytes
+    from autotailor.counters import ort_counted
+    from autotailor.predict.latency.backends.ort import OrtCpu, _Consumed, _onnx_bytes
 
     kernel = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Hardswish())
     backend = OrtCpu(threads=1)
@@ -364,7 +365,7 @@ def test_ort_kernels_are_timed_as_fused_inside_a_model(tmp_path) -> None:
         with open(sess.end_profiling()) as f:
             events = json.load(f)
         return sorted(e["args"]["op_name"] for e in events
-                      if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and _counted(e))
+                      if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and ort_counted(e))
 
     assert counted_ops(_Consumed(kernel)) == ["Conv"]
     assert counted_ops(kernel) == ["Conv", "HardSigmoid", "Mul"]

@@ -27,7 +27,8 @@ def test_unknown_backend_names_the_available_ones() -> None:
 
 
 def test_ort_profiler_cost_per_node_is_left_out() -> None:
-    from autotailor.predict.latency.backends.ort import OrtCpu, _per_run_kernel_ms
+    from autotailor.counters import ort_kernel_ms
+    from autotailor.predict.latency.backends.ort import OrtCpu
 
     def node(name: str, ts: int, dur: int, op: str = "Conv") -> dict:
         return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
@@ -35,9 +36,9 @@ def test_ort_profiler_cost_per_node_is_left_out() -> None:
     events = [{"cat": "Session", "name": "model_run", "ts": t, "dur": 50} for t in (0, 100)]
     events += [node("/kernel/a", 1, 6), node("/kernel/b", 10, 2), node("/kernel/r", 20, 9, "ReorderOutput"),
                node("/consumer/Reshape", 30, 4), node("/kernel/a", 101, 7)]
-    assert _per_run_kernel_ms(events, skip=0) == [0.008, 0.007]
+    assert ort_kernel_ms(events, skip=0) == [0.008, 0.007]
     # 3 us per node less: a node shorter than that counts 0, never less; reorders and consumer don't count
-    assert _per_run_kernel_ms(events, skip=0, node_offset_ms=0.003) == pytest.approx([0.003, 0.004])
-    assert _per_run_kernel_ms(events, skip=1) == [0.007]
+    assert ort_kernel_ms(events, skip=0, node_offset_ms=0.003) == pytest.approx([0.003, 0.004])
+    assert ort_kernel_ms(events, skip=1) == [0.007]
     offset = OrtCpu(threads=1, warmup=3).node_offset_ms()
     assert 0.0005 < offset < 0.02, offset  # microseconds: ORT's profiler bookkeeping per node

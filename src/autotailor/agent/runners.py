@@ -3,7 +3,10 @@ that ``remote:HOST:PORT/ort-cpu`` maps onto the runner ``ort-cpu``).
 
 A runner names the files a model of its format consists of (``files``: part name -> suffix; the
 agent stores each part under a name it makes itself, never the client's), the settings it takes,
-and loads the files into a function that runs the model once on fixed random inputs. Only numpy
+and loads the files into a function that runs the model once on fixed random inputs (``Loaded``).
+Runners whose runtime has its own profiler take a ``count`` setting: ``wall`` (the default:
+calls timed by the wall clock) or a rule of ``autotailor.counters``, and then also report what
+the profiler counted for each call, as the host's backends time kernels. Only numpy
 and the runtime itself are imported, the runtime only when it is used: the agent runs on devices
 without torch, and often with one runtime of several.
 
@@ -14,12 +17,15 @@ Adding a runtime is one ``@runner(NAME)`` class in this module (or any module im
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
 
 import numpy as np
 
+from autotailor.counters import ORT_COUNTS, ort_kernel_ms, openvino_kernel_ms
 from autotailor.errors import AgentRequestError
 from autotailor.precision import configure_ncnn, ncnn_options_error
 
@@ -52,6 +58,24 @@ def runner_class(name: str) -> type["Runner"]:
 
 def _bad(message: str) -> AgentRequestError:
     return AgentRequestError(message, 400)
+
+
+@dataclass
+class Loaded:
+    """A loaded model: ``run`` runs it once; ``shapes`` are the input shapes used; ``counted``
+    (when the request asked for a ``count``) gives the runtime's own count (ms) of every call
+    made so far, warm-up included, in order."""
+
+    run: Callable[[], object]
+    shapes: list[Shape]
+    counted: Callable[[], list[float]] | None = None
+
+
+def _count(settings: dict[str, object], allowed: tuple[str, ...], backend: str) -> str:
+    count = settings.get("count", "wall")
+    if count not in ("wall", *allowed):
+        raise _bad(f"backend {backend!r} count={count!r} is not allowed; expected one of {['wall', *allowed]}")
+    return str(count)
 
 
 class Runner:
@@ -97,9 +121,9 @@ class Runner:
                        f"on this device; install it there, or choose one of the available runtimes (GET /health)")
         return importlib.import_module(self.module)
 
-    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> tuple[Callable[[], object], list[Shape]]:
-        """A function running the model once on fixed random inputs, and the input shapes used
-        (``inputs`` when given, else the shapes the model declares)."""
+    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> Loaded:
+        """The model loaded: a function running it once on fixed random inputs, and the input
+        shapes used (``inputs`` when given, else the shapes the model declares)."""
         raise NotImplementedError
 
 
@@ -133,11 +157,13 @@ def _resolve_shapes(declared: list[list[object]], inputs: list[Shape] | None, wh
 @runner("ort-cpu")
 class OrtCpuRunner(Runner):
     """ONNX Runtime, CPU execution provider, ``threads`` intra-op threads, one inter-op thread,
-    graph optimisation level ``optimization`` (as the host's ``ort-cpu`` backend sets them)."""
+    graph optimisation level ``optimization`` (as the host's ``ort-cpu`` backend sets them). With
+    ``count`` ``layout`` or ``own``, ONNX Runtime's profiler is on and each call's counted nodes
+    are summed, less ``node_offset_ms`` per node (the profiler's own cost)."""
 
     module = "onnxruntime"
     files = {"model": ".onnx"}
-    options = {"threads": 1, "optimization": "all"}
+    options = {"threads": 1, "optimization": "all", "count": "wall", "node_offset_ms": 0.0}
     LEVELS = ("basic", "extended", "all")
     _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
                "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_,
@@ -148,8 +174,12 @@ class OrtCpuRunner(Runner):
         if self.settings["optimization"] not in self.LEVELS:
             raise _bad(f"ort-cpu optimization={self.settings['optimization']!r} is not allowed; "
                        f"expected one of {list(self.LEVELS)}")
+        self.count = _count(self.settings, tuple(ORT_COUNTS), self.name)
+        offset = self.settings["node_offset_ms"]
+        if not isinstance(offset, (int, float)) or isinstance(offset, bool) or not 0 <= offset < 1:
+            raise _bad(f"node_offset_ms must be a number of milliseconds in [0, 1), got {offset!r}")
 
-    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> tuple[Callable[[], object], list[Shape]]:
+    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> Loaded:
         ort = self.require()
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = int(self.settings["threads"])  # type: ignore[arg-type]
@@ -159,6 +189,9 @@ class OrtCpuRunner(Runner):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[self.settings["optimization"]]
+        if self.count != "wall":  # the profile goes beside the model, in the measurement's directory
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(files["model"].with_name("profile"))
         try:
             sess = ort.InferenceSession(str(files["model"]), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types for bad files
@@ -171,7 +204,14 @@ class OrtCpuRunner(Runner):
                 raise _bad(f"input {i.name!r} of the ONNX model has type {i.type}, which the agent cannot feed")
             dtypes.append(np.dtype(self._DTYPES[i.type]))
         feed = {i.name: a for i, a in zip(decl, _random_inputs(shapes, dtypes))}
-        return (lambda: sess.run(None, feed)), shapes
+        if self.count == "wall":
+            return Loaded(lambda: sess.run(None, feed), shapes)
+
+        def counted() -> list[float]:
+            events = json.loads(Path(sess.end_profiling()).read_text())
+            return ort_kernel_ms(events, 0, float(self.settings["node_offset_ms"]), ORT_COUNTS[self.count])
+
+        return Loaded(lambda: sess.run(None, feed), shapes, counted)
 
 
 @runner("ncnn")
@@ -184,7 +224,7 @@ class NcnnRunner(Runner):
     files = {"param": ".param", "bin": ".bin"}
     options = {"threads": 1, "precision": "fp16", "winograd": True}
 
-    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> tuple[Callable[[], object], list[Shape]]:
+    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> Loaded:
         ncnn = self.require()
         if not inputs:
             raise _bad("backend 'ncnn' needs 'inputs' (NCNN files do not record input shapes), e.g. [[1, 3, 224, 224]]")
@@ -216,22 +256,26 @@ class NcnnRunner(Runner):
                 raise _bad(f"NCNN failed to run the model (code {ret}); do 'inputs' match the model?")
             return out
 
-        return run, [tuple(s) for s in inputs]
+        return Loaded(run, [tuple(s) for s in inputs])
 
 
 @runner("openvino")
 class OpenVinoRunner(Runner):
     """OpenVINO's CPU plugin on an IR model (``xml`` + ``bin``), fp32, one stream, latency hint,
-    ``threads`` inference threads (as the host's ``openvino`` backend compiles it)."""
+    ``threads`` inference threads (as the host's ``openvino`` backend compiles it). With ``count``
+    ``reorders``, its performance counters are on and each call's executed nodes but its
+    reorders are summed."""
 
     module = "openvino"
     files = {"xml": ".xml", "bin": ".bin"}
-    options = {"threads": 1}
+    options = {"threads": 1, "count": "wall"}
 
-    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> tuple[Callable[[], object], list[Shape]]:
+    def load(self, files: dict[str, Path], inputs: list[Shape] | None) -> Loaded:
         ov = self.require()
+        count = _count(self.settings, ("reorders",), self.name)
         config = {"INFERENCE_NUM_THREADS": int(self.settings["threads"]), "NUM_STREAMS": 1,  # type: ignore[arg-type]
-                  "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+                  "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
+                  **({"PERF_COUNT": True} if count != "wall" else {})}
         try:
             core = ov.Core()
             model = core.read_model(str(files["xml"]), str(files["bin"]))
@@ -248,7 +292,15 @@ class OpenVinoRunner(Runner):
         request = compiled.create_infer_request()
         dtypes = [np.dtype(p.get_element_type().to_dtype()) for p in compiled.inputs]
         feed = dict(enumerate(_random_inputs(shapes, dtypes)))
-        return (lambda: request.infer(feed)), shapes
+        if count == "wall":
+            return Loaded(lambda: request.infer(feed), shapes)
+        counts: list[float] = []
+
+        def run() -> None:
+            request.infer(feed)
+            counts.append(openvino_kernel_ms(request.get_profiling_info()))
+
+        return Loaded(run, shapes, lambda: list(counts))
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:

@@ -163,6 +163,9 @@ class Backend:
     options: ClassVar[tuple[str, ...]] = ("threads",)  # settings a --device spec names (for --help)
     # settings that shape the files it writes rather than how they run (a remote agent gets the files)
     file_options: ClassVar[tuple[str, ...]] = ()
+    # how ``measure`` times a kernel: ``wall`` (wall clock less the call overhead), or a rule of
+    # ``autotailor.counters`` (the runtime's own profiler), which a remote agent applies too
+    count: str = "wall"
 
     def __init__(self, threads: int = 1, warmup: int = 10, repeats: int = 50, budget_s: float = 0.5,
                  flush_mb: int | None = None):
@@ -215,6 +218,13 @@ class Backend:
     def time(self, run: Callable[[], object]) -> Measurement:
         """Warm-up, then the median (and MAD) of timed calls of ``run`` (a whole model: no flushing)."""
         return _summary(time_calls(run, self.warmup, self.repeats, self.budget_s))
+
+    def counter_offset_ms(self, wall_ms: Callable[[nn.Module, list[Shape]], float],
+                          counted_ms: Callable[[nn.Module, list[Shape]], float]) -> float:
+        """What the runtime's profiler adds to each node it counts, beyond the node's own time,
+        from a model's wall time (``wall_ms``) and its count (``counted_ms``, without offset)
+        however they are measured (here, or on a device): none by default."""
+        return 0.0
 
     def reference_probe(self) -> Callable[[], float]:
         """A function timing the reference kernel now (ms, a whole call, caches not flushed): a

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch.nn as nn
 
+from autotailor.counters import openvino_kernel_ms
 from autotailor.predict.latency.backends.base import Backend, Shape, _shapes, _summary, backend
 from autotailor.predict.latency.kernels import POINTWISE_ACTS, FusionRules
 from autotailor.predict.latency.lut import Measurement
@@ -31,6 +32,7 @@ class OpenVino(Backend):
     # How kernels are timed, part of the LUT key so that entries timed another way are measured
     # again. 2: by the performance counters, layout reorders left out (see ``measure``).
     TIMING = 2
+    count = "reorders"
 
     @property
     def settings(self) -> dict[str, object]:
@@ -63,8 +65,7 @@ class OpenVino(Backend):
 
         def run() -> None:
             request.infer(feed)
-            kernel_ms.append(sum(p.real_time.total_seconds() * 1e3 for p in request.get_profiling_info()
-                                 if p.node_type != "Reorder" and str(p.status).endswith("EXECUTED")))
+            kernel_ms.append(openvino_kernel_ms(request.get_profiling_info()))
 
         def probe() -> Measurement:
             kernel_ms.clear()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import io
 import json
 import logging
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from autotailor.counters import ORT_COUNTS, ort_kernel_ms
 from autotailor.errors import LatencyError
 from autotailor.predict.latency.backends.base import (
     Backend,
@@ -75,6 +75,11 @@ class OrtCpu(Backend):
     def quantized(self) -> bool:
         return self.precision == "int8"
 
+    @property
+    def count(self) -> str:
+        """Which of its profile's nodes are the kernel's (a rule of ``autotailor.counters``)."""
+        return "layout" if self.precision == "fp32" else "own"
+
     def _model(self, module: nn.Module, input_shapes: list[Shape]) -> bytes:
         """``module`` as the ONNX model this backend runs: quantized on random inputs for int8."""
         model = _onnx_bytes(module, input_shapes)
@@ -126,28 +131,31 @@ class OrtCpu(Backend):
             run: Callable[[], object] = lambda: sess.run(None, feed)  # noqa: E731
             time_calls(run, self.warmup, self.repeats, self.budget_s, before)
             events = json.loads(Path(sess.end_profiling()).read_text())
-        per_run = _per_run_kernel_ms(events, self.warmup, node_offset_ms,
-                                     _counted if self.precision == "fp32" else _own_node)
+        per_run = ort_kernel_ms(events, self.warmup, node_offset_ms, ORT_COUNTS[self.count])
         if not per_run:
             raise LatencyError("ONNX Runtime's profiler recorded no model runs; is this onnxruntime too old?")
         return per_run
 
-    def node_offset_ms(self, nodes: int = 32) -> float:
+    def node_offset_ms(self) -> float:
+        """What ORT's profiler adds to the time of each node it records here (``counter_offset_ms``)."""
+        return self.counter_offset_ms(
+            lambda m, shapes: statistics.median(time_calls(self.prepare(m, shapes), self.warmup, 200, 1.0)),
+            lambda m, shapes: statistics.median(self._profiled_ms(m, shapes, None, 0.0)))
+
+    def counter_offset_ms(self, wall_ms: Callable[[nn.Module, list[Shape]], float],
+                          counted_ms: Callable[[nn.Module, list[Shape]], float], nodes: int = 32) -> float:
         """What ORT's profiler adds to the time of each node it records: its own bookkeeping,
-        a few microseconds that a model run without the profiler does not pay. Measured once per
-        backend on a chain of ``nodes`` small convolutions: the profiler's time per node less
-        the chain's wall time per node (the slope between the chain and a quarter of it)."""
+        a few microseconds that a model run without the profiler does not pay. Measured on a
+        chain of ``nodes`` small convolutions: the profiler's time per node less the chain's
+        wall time per node (the slope between the chain and a quarter of it)."""
         def chain(n: int) -> nn.Module:
-            return _Consumed(nn.Sequential(*[nn.Sequential(nn.Conv2d(32, 32, 1), nn.ReLU()) for _ in range(n)]))
+            return _Consumed(nn.Sequential(*[nn.Sequential(nn.Conv2d(32, 32, 1), nn.ReLU()) for _ in range(n)])).eval()
 
         shape = [(1, 32, 8, 8)]
         short, long = nodes // 4, nodes
-        walls = {}
-        for n in (short, long):
-            walls[n] = statistics.median(time_calls(self.prepare(chain(n).eval(), shape), self.warmup, 200, 1.0))
+        walls = {n: wall_ms(chain(n), shape) for n in (short, long)}
         slope = (walls[long] - walls[short]) / (long - short)
-        profiled = statistics.median(self._profiled_ms(chain(long).eval(), shape, None, 0.0)) / long
-        return max(0.0, profiled - slope)
+        return max(0.0, counted_ms(chain(long), shape) / long - slope)
 
     def deploy(self, net: nn.Module, path: str | Path, input_shape: Shape,
                calibration: Sequence[np.ndarray] | None = None) -> Path:
@@ -162,8 +170,10 @@ class OrtCpu(Backend):
         return out
 
     def kernel_file(self, module: nn.Module, input_shapes: list[Shape], path: str | Path) -> Path:
+        # as ``measure`` runs it: its output consumed, its nodes named /kernel/... (the counts)
+        consumed = module if isinstance(module, _Consumed) else _Consumed(module)
         out = self.deploy_path(path)
-        out.write_bytes(self._model(module, input_shapes))
+        out.write_bytes(self._model(consumed, input_shapes))
         return out
 
     def load(self, path: str | Path, input_shape: Shape) -> Callable[[], object]:
@@ -210,40 +220,6 @@ class _Consumed(nn.Module):
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         return self.consumer(self.kernel(*xs))
-
-
-_LAYOUT_NODES = ("ReorderInput", "ReorderOutput")
-
-
-def _counted(event: dict) -> bool:
-    """Whether a profiled node is part of the kernel: not a layout conversion, not the consumer."""
-    args = event.get("args", {})
-    return args.get("op_name") not in _LAYOUT_NODES and not event["name"].startswith("/consumer/")
-
-
-def _own_node(event: dict) -> bool:
-    """Whether a profiled node is one of the kernel's own (``_Consumed`` names them
-    ``/kernel/...``), not a conversion at its input or output that ONNX Runtime inserted."""
-    return event["name"].startswith("/kernel/")
-
-
-def _per_run_kernel_ms(events: list[dict], skip: int, node_offset_ms: float = 0.0,
-                       counted: Callable[[dict], bool] = _counted) -> list[float]:
-    """Per model run (after the first ``skip``), the summed duration of its ``counted`` nodes,
-    each less ``node_offset_ms`` (the profiler's own cost per node; a node counts at least 0)."""
-    runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
-    runs = sorted(runs)[skip:]
-    totals = [0.0] * len(runs)
-    starts = [r[0] for r in runs]
-    for e in events:
-        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
-            continue
-        if not counted(e):
-            continue
-        i = bisect.bisect_right(starts, e["ts"]) - 1
-        if i >= 0 and e["ts"] <= runs[i][1]:
-            totals[i] += max(0.0, e["dur"] / 1e3 - node_offset_ms)
-    return totals
 
 
 def _onnx_bytes(module: nn.Module, input_shapes: list[Shape]) -> bytes:

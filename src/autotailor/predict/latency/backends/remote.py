@@ -63,16 +63,19 @@ class Remote(Backend):
         self.client = AgentClient(url, token)
         self._runtime_settings = {k: v for k, v in settings.items()
                                   if k not in ("warmup", "repeats", "budget_s", "flush_mb", *self.inner.file_options)}
+        self._node_offset_ms: float | None = None
 
     @property
     def settings(self) -> dict[str, object]:
-        return {**self.inner.settings, "timing": f"agent-wall:{self.inner.name}"}
+        # kernels are timed on the device as the inner backend times them here: by the wall
+        # clock, or counted by the runtime's profiler (``count``)
+        return {**self.inner.settings, "timing": f"agent-{self.inner.count}:{self.inner.name}"}
 
-    def _measure_file(self, files: Path, input_shapes: list[Shape], flush_mb: int) -> Measurement:
+    def _measure_file(self, files: Path, input_shapes: list[Shape], flush_mb: int, **counting: object) -> Measurement:
         try:
             r = self.client.measure(files, self.inner.name, inputs=[list(s) for s in input_shapes],
                                     warmup=self.warmup, repeats=self.repeats, budget_s=self.budget_s,
-                                    flush_mb=flush_mb, **self._runtime_settings)
+                                    flush_mb=flush_mb, **self._runtime_settings, **counting)
         except AgentError as exc:
             raise LatencyError(f"measuring on the remote device {self.url} failed: {exc}") from exc
         return Measurement(r["median_ms"], r["mad_ms"], r["repeats"], r["measured_at"])
@@ -80,8 +83,21 @@ class Remote(Backend):
     def _deployed(self, module: nn.Module, input_shapes: list[Shape], tmp: str) -> Path:
         return self.inner.kernel_file(module.eval(), input_shapes, Path(tmp) / "kernel")
 
+    def _kernel_ms(self, module: nn.Module, shapes: list[Shape], **counting: object) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            return self._measure_file(self._deployed(module, shapes, tmp), shapes, 0, **counting).median_ms
+
     def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
         shapes = _shapes(input_shape)
+        if self.inner.count != "wall":  # counted on the device by the runtime's profiler, as here
+            if self._node_offset_ms is None:
+                self._node_offset_ms = self.inner.counter_offset_ms(
+                    lambda m, s: self._kernel_ms(m, s),
+                    lambda m, s: self._kernel_ms(m, s, count=self.inner.count))
+            offset = {"node_offset_ms": self._node_offset_ms} if self._node_offset_ms else {}
+            with tempfile.TemporaryDirectory() as tmp:
+                return self._measure_file(self._deployed(module, shapes, tmp), shapes, self.flush_mb,
+                                          count=self.inner.count, **offset)
         with tempfile.TemporaryDirectory() as tmp:
             m = self._measure_file(self._deployed(module, shapes, tmp), shapes, self.flush_mb)
         if self._overhead is None:
