@@ -262,3 +262,26 @@ def test_a_vit_that_resamples_its_position_embedding_gets_resolution_and_embeddi
             assert torch.equal(sn.extract(arch)(x), sn(x))
             if "embed_ratio" not in arch:
                 assert torch.allclose(sn(x), model(x), atol=1e-5)
+
+
+def test_tuning_decays_weight_matrices_only_and_calibration_skips_a_model_without_batchnorm() -> None:
+    from autotailor.data import BatchLoader
+    from autotailor.data.datasets import ArrayDataset
+    from autotailor.tune import TuneConfig, Tuner, evaluate
+
+    sn = at.compile(timm_vit(), torch.randn(1, 3, 32, 32), config=CONFIG)
+    names = {id(p): n for n, p in sn.named_parameters()}
+    data = ArrayDataset(np.zeros((8, 32, 32, 3), dtype=np.uint8), np.zeros(8, dtype=np.int64), [str(i) for i in range(10)])
+    tuner = Tuner(sn, BatchLoader(data, 4, train=True, resolution=32), TuneConfig(optimizer="adamw", weight_decay=0.05))
+    decayed, kept = ({names[id(p)] for p in g["params"]} for g in tuner.optimizer.param_groups)
+    assert tuner.optimizer.param_groups[1]["weight_decay"] == 0.0
+    assert any("cls_token" in n for n in kept) and any("pos_embed" in n for n in kept)
+    assert all(dict(sn.named_parameters())[n].ndim >= 2 for n in decayed) and any("qkv" in n for n in decayed)
+    assert not any(n.endswith("bias") or "norm" in n for n in decayed)
+
+    def never():
+        raise AssertionError("a model without BatchNorm ran a calibration batch")
+        yield
+
+    x, y = torch.randn(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
+    assert evaluate(sn, sn.space.min(), [(x, y)], never()) == evaluate(sn, sn.space.min(), [(x, y)])

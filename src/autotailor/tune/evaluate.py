@@ -27,7 +27,7 @@ def _norms(sn: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 def recalibrated(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
     """Within the block, ``sn`` runs ``arch`` with BatchNorm statistics estimated on ``batches``
     (cumulative average, no gradient, dropout off); all buffers, the mode and the active
-    architecture are restored on exit."""
+    architecture are restored on exit. A model without BatchNorm runs no batches."""
     norms = _norms(sn)
     saved = [(bn.momentum, {k: v.clone() for k, v in bn._buffers.items() if v is not None}) for bn in norms]
     was_training = sn.training
@@ -40,7 +40,7 @@ def recalibrated(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor,
                 bn.momentum = None  # cumulative moving average over the calibration batches
                 bn.train()
             with torch.no_grad():
-                for x, _ in batches:
+                for x, _ in batches if norms else ():  # nothing to estimate (a ViT): no passes
                     sn(at_resolution(x, resolution))
             sn.eval()
             yield

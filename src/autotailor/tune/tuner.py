@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.data.loader import BatchLoader, at_resolution
@@ -99,7 +100,14 @@ class Tuner:
             self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
                 params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=True)
         else:
-            self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+            # AdamW decays the layers' weight matrices only, as vision transformers are trained:
+            # not biases, norms, class tokens or position embeddings
+            matrices = {id(m.weight) for m in sn.modules()
+                        if isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.ndim >= 2}
+            self.optimizer = torch.optim.AdamW(
+                [{"params": [p for p in params if id(p) in matrices]},
+                 {"params": [p for p in params if id(p) not in matrices], "weight_decay": 0.0}],
+                lr=config.lr, weight_decay=config.weight_decay)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
         self._saved_step = 0
