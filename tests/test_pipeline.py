@@ -136,7 +136,9 @@ def test_exported_subnets_run_without_autotailor(run_dir, tmp_path) -> None:
 def test_search_and_export_commands(run_dir, capsys) -> None:
     work = str(run_dir)
     assert main(["search", work, "--macs-m", "8,20", "--device", "none", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)  # stdout holds the JSON alone; the summary line is on stderr
+    assert "budgets searched in" in captured.err, captured.err
     assert [c["limits"] for c in result["choices"]] == [{"macs": 8e6}, {"macs": 20e6}]
     assert all(c["arch"] is None or c["metrics"]["macs"] <= c["limits"]["macs"] for c in result["choices"])
     assert "latency_ms" not in result["choices"][-1]["metrics"] or result["device"] is None
@@ -180,7 +182,7 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
 
     work, device = str(run_dir), "ort-cpu:threads=1,warmup=1,repeats=5,budget_s=0.05"
     assert main(["search", work, "--budgets", "3", "--device", device, "--verify", "2", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    result = json.loads(capsys.readouterr().out)
     assert 0 <= result["verify_rounds"] <= 2 and "kernels inside a model x" in result["latency_model"]
     sn = at.load(run_dir / "supernet.pt")
     setup = device_setup(sn, work, device)
@@ -238,7 +240,7 @@ def test_search_finalists_choose_the_most_accurate_measured_subnet(run_dir, caps
 
     work = str(run_dir)
     assert main(["search", work, "--macs-m", "20,60", "--device", "none", "--finalists", "3", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    result = json.loads(capsys.readouterr().out)
     assert result["finalists"] == 3
     sn = at.load(run_dir / "supernet.pt")
     # by default, the sensitivity table's validation subset and calibration

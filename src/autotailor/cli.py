@@ -198,11 +198,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     found = search_step(args.work, settings, args.device, args.device_name, args.lut, args.data, _eval_settings(args),
                         {"validation_images": args.validation_images, "seed": args.validation_seed}, args.json)
     lines = describe_search(found, args.work)
-    print(lines[0])
-    if args.json:
+    if args.json:  # stdout holds the JSON alone (for jq and scripts); the summary line goes to stderr
+        print(lines[0], file=sys.stderr)
         print(json.dumps({"schema": found.SCHEMA, **found.to_dict()}, indent=1))
     else:
-        print("\n".join(lines[1:]))
+        print("\n".join(lines))
     return 0
 
 
