@@ -78,5 +78,5 @@ def test_help_is_plain_text_for_every_command(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["profile", "--help"])
     # the backends the registry holds, with their settings
-    assert "ort-cpu (threads, optimization, flush_mb), torch (threads), ncnn (threads, precision, winograd, flush_mb)" in " ".join(
+    assert "ort-cpu (threads, optimization, precision, flush_mb), torch (threads), ncnn (threads, precision, winograd, flush_mb)" in " ".join(
         capsys.readouterr().out.split())
