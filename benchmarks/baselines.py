@@ -56,7 +56,7 @@ import adaptivenet  # noqa: E402
 import cifar_models  # noqa: E402
 import train_base  # noqa: E402
 import tuning_schedules  # noqa: E402
-from common import State, default_cifar10, machine, write_results  # noqa: E402
+from common import State, default_cifar10, head_commit, machine, save_figure, write_results  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
 SCHEDULE = "sandwich4-4ep"
@@ -313,8 +313,7 @@ BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
 def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/baselines.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch", "onnxruntime", "torch_pruning")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = head_commit()
     lines = ["# AutoTailor against NestDNN* and AdaptiveNet (CIFAR-10, ONNX Runtime 1 thread)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
              f"torch-pruning {m['torch_pruning']}; commit {commit}. Command: `{command}` (resumes; `--report-only` "
@@ -382,11 +381,7 @@ def _plot(state: State) -> Path:
         ax.set_ylabel("top-1 accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
-    fig.tight_layout()
-    path = HERE / "results" / "baselines.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, HERE / "results" / "baselines.png")
 
 
 def main() -> None:

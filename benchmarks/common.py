@@ -6,10 +6,28 @@ import fcntl
 import json
 import os
 import platform
+import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
 import torch
+
+
+def head_commit() -> str:
+    """The repository's current commit, short (what a result was measured at)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent).stdout.strip()
+
+
+def save_figure(fig, path: Path) -> Path:
+    """``fig`` laid out and written to ``path`` (PNG, 110 dpi), then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def machine(*packages: str) -> dict:

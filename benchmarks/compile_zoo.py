@@ -33,7 +33,6 @@ import gc
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ import torch
 import torchvision
 
 import autotailor as at
-from common import machine
+from common import head_commit, machine
 from autotailor.deploy import export_onnx
 from autotailor.testing import rel_err, well_conditioned
 
@@ -54,7 +53,7 @@ ONNX_MAX_PARAMS = 150e6
 
 
 def versions() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = head_commit()
     return {"autotailor": at.__version__, "commit": commit,
             **{p: version(p) for p in ("torch", "torchvision", "onnx", "onnx2torch", "onnxruntime")}}
 

@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import machine, write_results  # noqa: E402
+from common import head_commit, machine, write_results  # noqa: E402
 
 DEVICES = ("ort-cpu:threads=1", "ncnn:threads=1", "openvino:threads=1")
 
@@ -133,8 +133,7 @@ def main() -> None:
                     str(work / "run")], check=True)
     results = {**summarize(work / "run"), "budgets": budgets, "wall_s": time.time() - started,
                "machine": machine("onnxruntime", "ncnn", "openvino", "torch"), "note": args.note,
-               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=HERE).stdout.strip(),
+               "commit": head_commit(),
                "command": "python benchmarks/fleet.py " + " ".join(sys.argv[1:])}
     report(results, work / "results" if args.quick else HERE / "results")
 

@@ -47,7 +47,6 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,7 @@ import numpy as np
 import torch
 import torchvision
 from scipy.stats import kendalltau
-from common import State, machine
+from common import State, head_commit, machine
 from sklearn.ensemble import RandomForestRegressor
 
 import autotailor as at
@@ -77,11 +76,6 @@ VARIANTS = {"fused": (None, "fused"), "no-fusion": ("none", "operator"), "block"
 BUDGETS = (2, 5, 10, 20, 50, 100)
 CHUNK = 10  # SubNets exported and timed together, saved as they finish
 DESIGN = "paired"  # SubNets timed by the product's paired design (results of earlier designs are not merged)
-
-
-def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=HERE).stdout.strip()
 
 
 def accuracy(pred: list[float], meas: list[float]) -> dict:
@@ -223,7 +217,7 @@ def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespa
             stable = [i for i, (a, b) in enumerate(paired) if abs(b / a - 1) <= 0.05]
             st["accuracy"]["fused-stable"] = accuracy([pred[i] for i in stable], [measured[i] for i in stable])
     st["measured"], st["measured_raw"] = measured, measured_raw
-    st["measured_at"] = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
+    st["measured_at"] = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": head_commit(),
                          "machine": machine("torch", "onnxruntime", "ncnn", "pnnx", "openvino")}
     baselines(st, fused, (cold.kernel_ms, product.hot.kernel_ms if two_tables else None, cold.overhead_ms, cache),
               full, measured)

@@ -50,7 +50,7 @@ from scipy.stats import kendalltau
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import State, machine, write_results  # noqa: E402
+from common import State, head_commit, machine, write_results  # noqa: E402
 
 log = logging.getLogger("latency_repeatability")
 
@@ -253,8 +253,7 @@ def main() -> None:
     model_dir = work / "model"
     if not (model_dir / "supernet.pt").is_file():
         compile_step(args.model, model_dir, input_size=args.input_size)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = head_commit()
     state.put({"machine": machine("onnxruntime", "torch"), "commit": commit, "model": args.model,
                "input_size": args.input_size, "device": args.device}, "meta")
     space = load_supernet(model_dir).space

@@ -471,11 +471,10 @@ def write_report(args, bundle: Bundle, work: Path, m: dict) -> None:
 
 
 def report(args, bundle, bundle_dir, slo, calib, after, table, runs, traces, policies, seconds, command) -> None:
-    from common import machine, write_results
+    from common import head_commit, machine, write_results
 
     m = machine("onnxruntime", "numpy")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = head_commit()
     largest = max(bundle, key=lambda s: (s.latency_ms, s.accuracy))
     summary = {t: {p_: mean_runs(runs[t][p_]) for p_ in policies if runs[t][p_]} for t in traces}
     lines = ["# Runtime adaptation: policies against changing CPU load", "",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ import autotailor as at  # noqa: E402
 from autotailor.deploy import export_onnx  # noqa: E402
 from autotailor.frontends import load_model  # noqa: E402
 from autotailor.testing import rel_err, well_conditioned  # noqa: E402
-from common import State, machine, write_results  # noqa: E402
+from common import State, head_commit, machine, write_results  # noqa: E402
 
 MODELS = ("torchvision:vit_b_16", "torchvision:vit_b_32", "torchvision:swin_t", "torchvision:swin_v2_t",
           "torchvision:maxvit_t", "timm:vit_tiny_patch16_224", "timm:deit_tiny_patch16_224",
@@ -101,8 +100,7 @@ def measure(spec: str) -> dict:
 
 def report(state: State, command: str) -> None:
     m = machine("torch", "torchvision", "timm", "onnxruntime")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = head_commit()
     lines = ["# Vision transformers compiled (default space, 224 px)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchvision {m['torchvision']}, "
              f"timm {m['timm']}, onnxruntime {m['onnxruntime']}; commit {commit}. Command: `{command}`.", "",

@@ -27,7 +27,6 @@ import json
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import State, default_cifar10, machine, write_results  # noqa: E402
+from common import State, default_cifar10, head_commit, machine, write_results  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
@@ -147,8 +146,7 @@ def evaluate_schedule(state: State, model: str, schedule: str, data: str, random
 def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/tuning_schedules.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = head_commit()
     lines = ["# SubNets before and after tuning (CIFAR-10)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}; commit {commit}. "
              f"Command: `{command}` (resumes; `--report-only` rewrites this from the state). Accuracy on the 10,000 "

@@ -57,7 +57,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -71,7 +70,7 @@ sys.path.insert(0, str(HERE))
 
 from accuracy_predictor import top5_accuracy  # noqa: E402
 from baselines import CALIBRATION_IMAGES, _cli  # noqa: E402
-from common import State, atomic_torch_save, default_cifar10, machine, write_results  # noqa: E402
+from common import State, atomic_torch_save, default_cifar10, head_commit, machine, save_figure, write_results  # noqa: E402
 
 MODEL_SPEC = "cifar_models:vit_c32_trained"
 STEPS_PER_EPOCH = 782  # batches of 64 in CIFAR-10's 50,000 training images
@@ -233,8 +232,7 @@ def tune(args: argparse.Namespace, state: State, folder: Path, artifacts: Path) 
         atomic_torch_save(ckpt, folder / "tune.ckpt")
         print(f"resuming from {partial} (step {ckpt['step']})", flush=True)
     _cli("tune", str(folder), "--data", f"cifar10:{args.data}", *flags, "--quiet")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = head_commit()
     info = {"command": "autotailor tune WORK --data cifar10:PATH " + " ".join(flags), "flags": flags,
             "model_spec": args.model_spec, "commit": commit, **_tune_log(folder)}
     sn = at.load(folder)
@@ -404,8 +402,7 @@ def report(args: argparse.Namespace, state: State, results: Path) -> None:
             and not (i > 0 and argv[i - 1] == "--note")]
     command = " ".join(["python", "benchmarks/vit_cifar10.py", *kept])
     m = machine("torch", "timm", "scipy", "autotailor")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = head_commit()
     settings = state.get("settings") or {}
     measured = state.get("pool") or {}
     randoms = [p["accuracy"] for k, p in measured.items() if k.startswith("random")]
@@ -512,12 +509,7 @@ def _plot(state: State, results: Path) -> Path:
     ax.set_title("vit_c32 SubNets, CIFAR-10 test")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path = results / "vit_cifar10.png"
-    results.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, results / "vit_cifar10.png")
 
 
 def main() -> None:
