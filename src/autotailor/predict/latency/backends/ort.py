@@ -194,6 +194,8 @@ class OrtCpu(Backend):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
+        if self.quantized:  # errors only: it warns of every float constant its int8 fusions leave unused
+            opts.log_severity_level = 3
         opts.graph_optimization_level = {
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
