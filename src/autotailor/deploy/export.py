@@ -202,6 +202,7 @@ def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor, threads: int = 1) -
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # errors only: an int8 model's fusions warn of every float constant they leave
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
