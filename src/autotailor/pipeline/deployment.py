@@ -70,6 +70,9 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
         quantized = device is not None and device.backend.quantized
         if quantized:  # the device's own file replaces (or joins) its format's default one
+            if data is None:
+                log.warning("quantizing %s with ranges from random inputs (no data given): its accuracy will suffer; "
+                            "give --data", choice.budget)
             calibration = None if data is None else [at_resolution(x, shape[-1]).numpy() for x, _ in data.calibration]
             files[device.backend.format] = device.backend.deploy(net, folder / "subnet", shape, calibration)
         measured: dict[str, float | None] = {"latency_ms": None, "latency_mad_ms": None, "latency_raw_ms": None,
