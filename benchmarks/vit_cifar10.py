@@ -22,13 +22,11 @@ the command line (``autotailor ...``, ``--threads`` as ``OMP_NUM_THREADS``):
    ``train_base.snapshot`` keeps them, with the tuning's log so far), and the next run resumes
    from it when its work directory has no checkpoint.
 3. **sensitivity**: ``autotailor sensitivity`` (its default of 2,000 validation images, fewer
-   if ``--validation-images`` is, or ``--sensitivity-images``; no BatchNorm recalibration
-   batches, since a ViT has no BatchNorm and recalibrating would only run forward passes that
-   change nothing), timed.
+   if ``--validation-images`` is, or ``--sensitivity-images``), timed.
 4. **pool**: the largest, the smallest and ``--random`` (200) seeded random SubNets, each
    evaluated on ``--validation-images`` (all 10,000) CIFAR-10 test images as
-   ``baselines.autotailor_points`` evaluates (``autotailor.tune.evaluate``; BatchNorm
-   recalibration skipped when the SuperNet has none), MACs and parameters counted.
+   ``baselines.autotailor_points`` evaluates (``autotailor.tune.evaluate``, which skips BatchNorm
+   recalibration for a model without BatchNorm), MACs and parameters counted.
 5. **predictor**: the sensitivity predictor of ``WORK/model/sensitivity.json`` (as the search
    builds it) on the pool: Kendall tau and top-5 ranking accuracy (``accuracy_predictor.top5_accuracy``:
    100 groups of min(200, pool) SubNets; a group counts when the predicted best is among its
@@ -136,26 +134,20 @@ def _done(state: State, stage: str, started: float) -> None:
     print(f"== {stage}: {seconds:.1f} s", flush=True)
 
 
-def _has_batchnorm(sn: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in sn.modules())
-
-
-def eval_batches(sn, data: str, images: int) -> tuple[list, list | None]:
+def eval_batches(sn, data: str, images: int) -> tuple[list, list]:
     """``baselines.autotailor_points``' evaluation data: ``images`` of the CIFAR-10 test split
     (a seeded sample if fewer than all) in batches of 500, and 2,048 training images to
-    recalibrate BatchNorm on (None when the SuperNet has no BatchNorm: nothing to recalibrate)."""
+    recalibrate BatchNorm on (``evaluate`` runs none of them for a model without BatchNorm)."""
     from autotailor.data import BatchLoader, load_data
 
     train, test = load_data(f"cifar10:{data}", seed=0)
     resolution = sn.example_shape[-1]
-    calibration = None
-    if _has_batchnorm(sn):
-        calib = BatchLoader(train, 64, train=True, resolution=resolution, seed=0)
-        calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // 64)]
+    calib = BatchLoader(train, 64, train=True, resolution=resolution, seed=0)
+    calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // 64)]
     return list(BatchLoader(test.sample(images, 0), 500, train=False, resolution=resolution)), calibration
 
 
-def measure(sn, costs, arch: dict, batches: list, calibration: list | None) -> dict[str, Any]:
+def measure(sn, costs, arch: dict, batches: list, calibration: list) -> dict[str, Any]:
     """``arch``'s test accuracy, MACs and parameters, and the seconds the evaluation took."""
     from autotailor.tune import evaluate
 
@@ -247,16 +239,13 @@ def tune(args: argparse.Namespace, state: State, folder: Path, artifacts: Path) 
 
 def sensitivity(args: argparse.Namespace, state: State, folder: Path) -> None:
     """``autotailor sensitivity``, timed (the predictor's whole build)."""
-    import autotailor as at
     from autotailor.predict.accuracy import SensitivityTable
 
     if state.get("sensitivity") is not None:
         return
     started = time.perf_counter()
     images = args.sensitivity_images or min(SENSITIVITY_IMAGES, args.validation_images)
-    calibration = "10" if _has_batchnorm(at.load(folder)) else "0"  # EvalSettings' default, or none without BN
-    _cli("sensitivity", str(folder), "--data", f"cifar10:{args.data}", "--validation-images", str(images),
-         "--calibration-batches", calibration, "--quiet")
+    _cli("sensitivity", str(folder), "--data", f"cifar10:{args.data}", "--validation-images", str(images), "--quiet")
     seconds = time.perf_counter() - started
     table = SensitivityTable.load(folder / "sensitivity.json")
     state.put({"seconds": seconds, "build_seconds": table.seconds, "evaluations": len(table.deltas) + 1,
@@ -445,7 +434,7 @@ def report(args: argparse.Namespace, state: State, results: Path) -> None:
     if sens:
         lines += [f"Sensitivity predictor: `autotailor sensitivity` measured {sens['evaluations']} SubNets (each "
                   f"single modification and the largest) on {sens['validation_images']} test images "
-                  f"({sens['calibration_batches']} BatchNorm calibration batches) in {sens['build_seconds']:.0f} s of "
+                  f"(no BatchNorm to recalibrate) in {sens['build_seconds']:.0f} s of "
                   f"evaluations ({sens['seconds']:.0f} s for the whole command)."
                   + (f" On the pool of {quality['subnets']} SubNets (the largest, the smallest and the random ones): "
                      f"Kendall tau {quality['kendall_tau']:.3f}, top-5 ranking accuracy {100 * quality['top5']:.0f} % "

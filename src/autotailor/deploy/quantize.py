@@ -30,6 +30,7 @@ def quantize_onnx(model: bytes | str | Path, out: str | Path, batches: Iterable[
     calibrated on ``batches`` (each a list of arrays, one per model input, in input order)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
     initializers = {i.name for i in proto.graph.initializer}
@@ -44,15 +45,9 @@ def quantize_onnx(model: bytes | str | Path, out: str | Path, batches: Iterable[
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".int8-") as tmp:
         source = Path(tmp) / "model.onnx"
-        onnx.save(proto, str(source))
-        # its advice to pre-process (shape inference) is logged on the root logger at WARNING
-        root = logging.getLogger()
-        level = root.level
-        root.setLevel(logging.ERROR)
-        try:
-            quantize_static(str(source), str(Path(tmp) / "int8.onnx"), _Reader(), quant_format=QuantFormat.QDQ,
-                            per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-        finally:
-            root.setLevel(level)
+        # the quantizer's own preparation: shapes inferred, so that every tensor can be quantized
+        quant_pre_process(proto, source, skip_optimization=True)
+        quantize_static(str(source), str(Path(tmp) / "int8.onnx"), _Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         Path(tmp, "int8.onnx").replace(out)
     return out

@@ -83,23 +83,21 @@ class Remote(Backend):
     def _deployed(self, module: nn.Module, input_shapes: list[Shape], tmp: str) -> Path:
         return self.inner.kernel_file(module.eval(), input_shapes, Path(tmp) / "kernel")
 
-    def _kernel_ms(self, module: nn.Module, shapes: list[Shape], **counting: object) -> float:
+    def _kernel(self, module: nn.Module, shapes: list[Shape], flush_mb: int = 0, **counting: object) -> Measurement:
+        """``module`` written as the inner backend's kernel file and measured on the device."""
         with tempfile.TemporaryDirectory() as tmp:
-            return self._measure_file(self._deployed(module, shapes, tmp), shapes, 0, **counting).median_ms
+            return self._measure_file(self._deployed(module, shapes, tmp), shapes, flush_mb, **counting)
 
     def measure(self, module: nn.Module, input_shape: Shape | Sequence[Shape]) -> Measurement:
         shapes = _shapes(input_shape)
         if self.inner.count != "wall":  # counted on the device by the runtime's profiler, as here
             if self._node_offset_ms is None:
                 self._node_offset_ms = self.inner.counter_offset_ms(
-                    lambda m, s: self._kernel_ms(m, s),
-                    lambda m, s: self._kernel_ms(m, s, count=self.inner.count))
+                    lambda m, s: self._kernel(m, s).median_ms,
+                    lambda m, s: self._kernel(m, s, count=self.inner.count).median_ms)
             offset = {"node_offset_ms": self._node_offset_ms} if self._node_offset_ms else {}
-            with tempfile.TemporaryDirectory() as tmp:
-                return self._measure_file(self._deployed(module, shapes, tmp), shapes, self.flush_mb,
-                                          count=self.inner.count, **offset)
-        with tempfile.TemporaryDirectory() as tmp:
-            m = self._measure_file(self._deployed(module, shapes, tmp), shapes, self.flush_mb)
+            return self._kernel(module, shapes, self.flush_mb, count=self.inner.count, **offset)
+        m = self._kernel(module, shapes, self.flush_mb)
         if self._overhead is None:
             self._overhead = self.overhead()
         return Measurement(max(0.0, m.median_ms - self._overhead.median_ms), m.mad_ms, m.repeats, m.measured_at)
