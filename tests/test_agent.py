@@ -420,15 +420,17 @@ def test_a_device_counts_kernels_with_the_runtimes_profiler_as_the_host_does(age
     local = make_backend(backend, threads=1, **timing)
     remote = make_backend("remote", url=agent["url"], backend=backend, token=agent["token"], threads=1, **timing)
     assert remote.settings["timing"] == f"agent-{local.count}:{backend}"
-    here, there = local.measure(kernel, shape).median_ms, remote.measure(kernel, shape).median_ms
-    wall = AgentClient(agent["url"], agent["token"]).measure(
-        local.kernel_file(kernel, [shape], agent["root"] / "k"), backend, inputs=[list(shape)], **timing)["median_ms"]
+    client, file = AgentClient(agent["url"], agent["token"]), local.kernel_file(kernel, [shape], agent["root"] / "k")
+    # Alternated three times and the quietest of each kept: one window of a shared CI machine
+    # read a local count 2.4x its usual value.
+    rounds = [(local.measure(kernel, shape).median_ms, remote.measure(kernel, shape).median_ms,
+               client.measure(file, backend, inputs=[list(shape)], **timing)["median_ms"]) for _ in range(3)]
+    here, there, wall = (min(r[i] for r in rounds) for i in range(3))
     assert 0.7 < there / here < 1.4, (there, here)
     assert there < 0.85 * wall, (there, wall)
     with pytest.raises(AgentRequestError, match=r"backend 'ncnn' does not take the settings \['count'\]"):
-        AgentClient(agent["url"], agent["token"]).measure(
-            make_backend("ncnn").kernel_file(kernel, [shape], agent["root"] / "n"), "ncnn", inputs=[list(shape)],
-            count="layout", **timing)
+        client.measure(make_backend("ncnn").kernel_file(kernel, [shape], agent["root"] / "n"), "ncnn",
+                       inputs=[list(shape)], count="layout", **timing)
 
 
 def test_a_host_profiles_and_predicts_through_the_agent(agent, tmp_path, capsys):
