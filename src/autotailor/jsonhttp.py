@@ -25,7 +25,7 @@ class JsonHandler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
     def on_answer(self, status: int) -> None:
-        """Called after every answer (a service counts them)."""
+        """Called with every answer's status, before its body is sent (a service counts them)."""
 
     def _json(self, status: int, payload: Mapping[str, Any], headers: Mapping[str, str] | None = None,
               close: bool = False) -> None:
@@ -38,8 +38,9 @@ class JsonHandler(BaseHTTPRequestHandler):
         if close:
             self.send_header("Connection", "close")  # also sets close_connection
         self.end_headers()
-        self.wfile.write(data)
+        # Counted before the body leaves: a client that has its answer may ask for the counts at once.
         self.on_answer(status)
+        self.wfile.write(data)
 
     def _error(self, status: int, message: str, headers: Mapping[str, str] | None = None, close: bool = False) -> None:
         reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
