@@ -7,7 +7,8 @@ several hours for everything, resumable)::
     .venv/bin/python benchmarks/latency_predictor.py --models mobilenet_v2,resnet50 --backends openvino --variants fused
     .venv/bin/python benchmarks/latency_predictor.py --report-only
 
-For each model (torchvision, random weights made well-conditioned, default space, 224 px) and
+For each model (torchvision by name, or any model spec such as ``timm:deit_tiny_patch16_224``;
+random weights made well-conditioned, default space, 224 px) and
 backend (``--backends``: ONNX Runtime CPU and NCNN by default, OpenVINO too, each optionally
 with settings of its own, e.g. ``ort-cpu:precision=int8``; 1 thread):
 
@@ -55,12 +56,12 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torchvision
 from scipy.stats import kendalltau
 from common import State, head_commit, machine
 from sklearn.ensemble import RandomForestRegressor
 
 import autotailor as at
+from autotailor.frontends import load_model
 from autotailor.pipeline.workdir import device_setup
 from autotailor.predict.latency import (CacheAwarePredictor, CacheModel, CostModel, KernelPlan, LatencyPredictor,
                                         fit_cache_model, parse_device, profile, spread_by_weight, subnet_key)
@@ -100,7 +101,9 @@ def _predictor(plan: KernelPlan, cold_ms: list[float], hot_ms: list[float] | Non
 def run_pair(state: State, model: str, backend_name: str, args: argparse.Namespace) -> None:
     st = state.section(model, backend_name)
     torch.manual_seed(0)
-    sn = at.compile(well_conditioned(getattr(torchvision.models, model)()),
+    # A bare name is torchvision's; any other model spec (timm:deit_tiny_patch16_224) is loaded as
+    # `autotailor compile` loads it.
+    sn = at.compile(well_conditioned(load_model(model if ":" in model else f"torchvision:{model}")),
                     torch.zeros(1, 3, args.input_size, args.input_size))
     rng = random.Random(0)
     archs = [sn.space.max(), sn.space.min()] + [sn.space.sample(rng) for _ in range(args.subnets)]

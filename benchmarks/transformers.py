@@ -10,12 +10,16 @@ batch 1, with the default space (no config):
 
 * compile time (one compile, from the user's module);
 * modifications, log10 of the exact number of distinct SubNets, and the variables per kind
-  (``heads``, ``embedding``, ``width``: the MLP's hidden width and other widths, ``depth``,
-  ``resolution``);
+  (``heads``, ``qk``: q/k features per head, ``embedding``, ``width``: the MLP's hidden width and
+  other widths, ``depth``, ``resolution``);
 * the largest SubNet against the model: max |SuperNet(max) - model| / max |model|;
 * one random SubNet: the extracted module against the SuperNet (max abs difference), then
   exported with ``autotailor.deploy.export_onnx`` and run in ONNX Runtime (relative difference);
 * what the compiler said about resolutions it dropped (why the model does not run at them).
+
+``DENSE`` rows compile the models named there again with four choices, instead of three, for
+the heads and the q/k width per attention (``DENSE_CONFIG``): a space of the paper's Table 3
+size from two lines of TOML.
 
 Results: ``benchmarks/results/transformers.{json,md}``, written after every model.
 """
@@ -46,7 +50,11 @@ MODELS = ("torchvision:vit_b_16", "torchvision:vit_b_32", "torchvision:swin_t", 
           "torchvision:maxvit_t", "timm:vit_tiny_patch16_224", "timm:deit_tiny_patch16_224",
           "timm:swin_tiny_patch4_window7_224", "timm:levit_128s", "timm:levit_384", "timm:efficientvit_b0",
           "timm:mobilevitv2_050")
-KINDS = ("heads", "embedding", "width", "depth", "resolution")
+KINDS = ("heads", "qk", "embedding", "width", "depth", "resolution")
+DENSE_CONFIG = ("[var.block_vars]\nAttentionBlock.heads_ratio = [0.25, 0.5, 0.75, 1.0]\n"
+                "AttentionBlock.qk_ratio = [0.25, 0.5, 0.75, 1.0]\n")
+DENSE = ("torchvision:vit_b_16", "timm:levit_384")
+ROWS = MODELS + tuple(f"{spec}+dense" for spec in DENSE)
 
 
 class _Said(logging.Handler):
@@ -58,7 +66,8 @@ class _Said(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def measure(spec: str) -> dict:
+def measure(row_name: str) -> dict:
+    spec, dense = row_name.removesuffix("+dense"), row_name.endswith("+dense")
     torch.manual_seed(0)
     model = well_conditioned(load_model(spec)).eval()
     x = torch.randn(1, 3, 224, 224)
@@ -66,14 +75,14 @@ def measure(spec: str) -> dict:
     logging.getLogger("autotailor").addHandler(said)
     try:
         started = time.perf_counter()
-        sn = at.compile(model, x)
+        sn = at.compile(model, x, config=DENSE_CONFIG if dense else None)
         seconds = time.perf_counter() - started
     finally:
         logging.getLogger("autotailor").removeHandler(said)
     sn.eval()
     space = sn.space
     kinds = Counter(v.kind for v in space.variables)
-    row = {"model": spec, "seconds": seconds, "modifications": space.num_modifications,
+    row = {"model": row_name, "seconds": seconds, "modifications": space.num_modifications,
            "log10_size": space.log10_size, "kinds": {k: kinds.get(k, 0) for k in KINDS},
            "said": [s for s in said.lines if "dropped" in s]}
     with torch.no_grad():
@@ -104,22 +113,24 @@ def report(state: State, command: str) -> None:
     lines = ["# Vision transformers compiled (default space, 224 px)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchvision {m['torchvision']}, "
              f"timm {m['timm']}, onnxruntime {m['onnxruntime']}; commit {commit}. Command: `{command}`.", "",
-             "| model | modifications | log10 SubNets | heads | embedding | width | depth | resolution | "
+             "| model | modifications | log10 SubNets | heads | q/k | embedding | width | depth | resolution | "
              "compile (s) | max arch rel. err | extracted vs SuperNet | ONNX Runtime rel. err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for spec in MODELS:
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for spec in ROWS:
         r = state.get(spec)
         if r is None:
             continue
         if "error" in r:
-            lines.append(f"| {spec} | fails: {r['error']} |" + " |" * 10)
+            lines.append(f"| {spec} | fails: {r['error']} |" + " |" * 11)
             continue
-        k = r["kinds"]
+        k = {x: r["kinds"].get(x, 0) for x in KINDS}
         onnx = f"{r['onnx_rel_err']:.1e}" if "onnx_rel_err" in r else f"fails: {r['onnx_error']}"
         lines.append(f"| {spec} | {r['modifications']} | {r['log10_size']:.1f} | "
                      + " | ".join(str(k[x]) for x in KINDS)
                      + f" | {r['seconds']:.2f} | {r['max_arch_rel_err']:.1e} | {r['extract_max_abs_diff']:.1e} | "
                        f"{onnx} |")
+    lines += ["", f"`+dense`: compiled with `{DENSE_CONFIG.strip()}` in place of the default space "
+              "(three choices each)."]
     said = [(spec, s) for spec in MODELS for s in (state.get(spec, "said") or [])]
     if said:
         lines += ["", "What the compiler said about resolutions:", ""]
@@ -130,7 +141,7 @@ def report(state: State, command: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(ROWS), help="models, or MODEL+dense for the denser space")
     p.add_argument("--work", default=str(HERE / "work" / "transformers"))
     p.add_argument("--again", action="store_true", help="measure models already in the state again")
     args = p.parse_args()
@@ -138,7 +149,7 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     state = State(work / "state.json")
-    command = "python benchmarks/transformers.py" + (f" --models {args.models}" if args.models != ",".join(MODELS)
+    command = "python benchmarks/transformers.py" + (f" --models {args.models}" if args.models != ",".join(ROWS)
                                                      else "")
     for spec in args.models.split(","):
         if state.get(spec) is not None and not args.again:

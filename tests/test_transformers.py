@@ -43,9 +43,11 @@ def test_vit_gets_heads_embedding_mlp_and_layer_depth_variables(make) -> None:
     x = torch.randn(2, 3, 32, 32)
     sn = at.compile(model, x[:1], config=CONFIG).eval()
     kinds = {v.kind: v for v in sn.space.variables}
-    assert set(kinds) == {"heads", "embedding", "width", "depth"}
+    assert set(kinds) == {"heads", "qk", "embedding", "width", "depth"}
     heads = [v for v in sn.space.variables if v.kind == "heads"]
     assert len(heads) == 3 and all(v.choices == (2, 3, 4) for v in heads)  # ratios 0.5, 0.75, 1 of 4 heads
+    qk = [v for v in sn.space.variables if v.kind == "qk"]
+    assert len(qk) == 3 and all(v.choices == (6, 9, 12) for v in qk)  # of 12 q/k features per head
     assert kinds["embedding"].name == "embed_ratio" and kinds["embedding"].values == (24, 36, 48)
     # Three layers, each an attention and an MLP block: depth counts layers, a choice drops both.
     depth = kinds["depth"]
@@ -236,16 +238,46 @@ def test_attention_kernels_are_enumerated_per_head_count_and_costs_are_counted_e
     sn = at.compile(timm_vit(), torch.randn(1, 3, 32, 32), config=CONFIG).eval()
     plan = KernelPlan(sn, "ort-cpu")
     attention = [k.signature for k in plan.kernels if k.signature.startswith("attention")]
-    # One kernel per head count (2, 3, 4 heads of 12 dims, fused q/k/v in, merged heads out), the
-    # same in every layer: 17 tokens (16 patches and the class token).
-    assert sorted(s.split(" | ")[1:3] for s in attention) == [["in (1, 17, 108)", "out (1, 17, 36)"],
-                                                               ["in (1, 17, 144)", "out (1, 17, 48)"],
-                                                               ["in (1, 17, 72)", "out (1, 17, 24)"]]
+    # One kernel per head count (2, 3, 4) and q/k width per head (6, 9, 12; values 12 wide): fused
+    # q/k/v in, merged heads out, the same in every layer: 17 tokens (16 patches, the class token).
+    assert sorted(s.split(" | ")[1:3] for s in attention) == sorted(
+        [f"in (1, 17, {h * (2 * d + 12)})", f"out (1, 17, {h * 12})"] for h in (2, 3, 4) for d in (6, 9, 12))
     costs = CostModel(KernelPlan(sn, "none"))
     for seed in range(3):
         arch = sn.space.sample(seed)
         net = sn.extract(arch)
         assert costs.costs(arch).params == sum(p.numel() for p in net.parameters())
+    # The scores and the weighted sum: tokens^2 * (q/k width + v width) per head.
+    qk = next(v.name for v in sn.space.variables if v.kind == "qk")
+    smaller = {**sn.space.max(), qk: 6}
+    assert costs.costs(sn.space.max()).macs - costs.costs(smaller).macs == 4 * 17 * 17 * 6 + 4 * 17 * 48 * 12
+
+
+def test_a_narrower_query_and_key_is_the_model_with_those_features_left_out() -> None:
+    """Keeping d of each head's q/k features computes the truncated dot product at the model's
+    scale: the model with the other q features zeroed. The d kept are those whose q and k rows
+    have the largest product of norms."""
+    model = timm_vit()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    qk = [v.name for v in sn.space.variables if v.kind == "qk"]
+    arch = {qk[0]: 6, qk[2]: 9}
+    net = sn.extract(arch)
+    reference = timm_vit()
+    with torch.no_grad():
+        for layer, d in ((0, 6), (2, 9)):
+            qkv = reference.blocks[layer].attn.qkv  # rows [q, k, v][head][12]
+            norms = qkv.weight.reshape(3, 4, 12, 48).norm(dim=-1)
+            kept = (norms[0] * norms[1]).argsort(dim=1, descending=True)[:, :d]
+            rows = [h * 12 + j for h in range(4) for j in range(12) if j not in kept[h]]
+            qkv.weight[rows] = 0
+            qkv.bias[rows] = 0
+        assert torch.allclose(net(x), reference(x), atol=1e-5)
+        assert (net(x) - model(x)).abs().max() > 2e-4  # the truncation changes the output
+        sn.set_arch(arch)
+        assert torch.equal(sn(x), net(x))
+    rows = [m.out_features for n, m in net.named_modules() if n.endswith("qkv")]
+    assert rows == [4 * (6 + 6 + 12), 4 * 36, 4 * (9 + 9 + 12)]
 
 
 def test_a_vit_that_resamples_its_position_embedding_gets_resolution_and_embedding() -> None:

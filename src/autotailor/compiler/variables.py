@@ -86,6 +86,9 @@ class PlanContext:
     bindings: list[Binding] = field(default_factory=list)
     reorder: list = field(default_factory=list)  # channel groups to order by importance
     depth_stages: set[int] = field(default_factory=set)  # stages whose last blocks can be dropped
+    # Node -> what lifts its layer, where a kind needs another operator than the handler's
+    # ``dynamic`` (an attention's projection whose rows per head are sliced).
+    lifts: dict[str, Any] = field(default_factory=dict)
     _counters: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

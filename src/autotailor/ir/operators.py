@@ -36,11 +36,14 @@ class Operator(nn.Module):
     group_fields: ClassVar[tuple[str, str]]
 
     @classmethod
-    def from_module(cls, module: nn.Module) -> "Operator":
+    def from_module(cls, module: nn.Module, **attrs: object) -> "Operator":
+        """The operator that is ``module``, with ``attrs`` (what the operator knows beyond the
+        layer, e.g. a projection's rows per head) set before its feature is read."""
         # Adopt the torch layer's state wholesale (parameters, buffers, hyper-parameters):
         # the operator *is* that layer plus a Feature, so nothing is copied or renamed.
         op = cls.__new__(cls)
         op.__dict__.update(module.__dict__)
+        op.__dict__.update(attrs)
         op.__dict__["_parameters"] = dict(module._parameters)
         op.__dict__["_buffers"] = dict(module._buffers)
         op.__dict__["_modules"] = dict(module._modules)

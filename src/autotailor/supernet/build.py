@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -156,6 +157,7 @@ class _Plan:
     reorder: list  # channel groups of the width variables
     droppable: list[BlockInfo]  # blocks to outline (in stages that have a depth variable)
     block_templates: dict[int, str]
+    lifts: dict[str, Callable[[nn.Module], Operator]]
 
 
 def _plan(gm: fx.GraphModule, groups: list, st: Structure, cfg: TailorConfig, example: torch.Tensor) -> _Plan:
@@ -169,7 +171,8 @@ def _plan(gm: fx.GraphModule, groups: list, st: Structure, cfg: TailorConfig, ex
         k.plan(ctx)
     stages = [StageInfo(m[0], tuple(m[1:])) for m in st.stages]
     droppable = [b for b in st.blocks if ctx.droppable_block(b.index) is not None]
-    return _Plan(ctx.variables, stages, ctx.bindings, ctx.reorder, droppable, {b.index: b.template for b in st.blocks})
+    return _Plan(ctx.variables, stages, ctx.bindings, ctx.reorder, droppable, {b.index: b.template for b in st.blocks},
+                 ctx.lifts)
 
 
 def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
@@ -190,7 +193,7 @@ def _lift(gm: fx.GraphModule, plan: _Plan) -> None:
                 gm.add_module(target, op)
                 node.op, node.target = "call_module", target
             elif node.op == "call_module":
-                op = lift_operator(gm.get_submodule(node.target))
+                op = plan.lifts.get(b.node, lift_operator)(gm.get_submodule(node.target))
                 set_attr(gm, node.target, op)
             else:
                 raise GraphError(f"{b.node}: cannot lift {node.op} {node.target}")

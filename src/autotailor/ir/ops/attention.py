@@ -31,6 +31,7 @@ from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import carries_tensors, node_shape, set_attr
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
+from autotailor.ir.ops.linear import DynLinear
 
 log = logging.getLogger(__name__)
 
@@ -60,25 +61,26 @@ class HeadAttention(nn.Module):
                 mask: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self._attend(q, k, v, mask, window_mask, self.num_heads)
 
-    def _attend(self, q, k, v, mask, window_mask, h: int) -> torch.Tensor:
+    def _attend(self, q, k, v, mask, window_mask, h: int, d: int | None = None,
+                scale: float | None = None) -> torch.Tensor:
         b, n = q.shape[0], q.shape[1]
+        d, scale = (self.head_dim, self.scale) if d is None else (d, scale)
         if self.fused:
-            d = self.head_dim
             parts = q.reshape(b, n, h, 2 * d + self.v_dim).split([d, d, self.v_dim], -1)
             q, k, v = parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)
         else:
-            q = q.reshape(b, n, h, self.head_dim).transpose(1, 2)
-            k = k.reshape(b, k.shape[1], h, self.head_dim).transpose(1, 2)
+            q = q.reshape(b, n, h, d).transpose(1, 2)
+            k = k.reshape(b, k.shape[1], h, d).transpose(1, 2)
             v = v.reshape(b, v.shape[1], h, self.v_dim).transpose(1, 2)
         if self.masked == "per_head":
             mask = mask[..., :h, :, :]
         q, k = self.q_norm(q), self.k_norm(k)
         if not self.windowed:
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         else:
             if self.windowed == "per_head":
                 window_mask = window_mask[..., :h, :, :]
-            s = (q * (self.scale if self.scale is not None else self.head_dim ** -0.5)) @ k.transpose(-2, -1)
+            s = (q * (scale if scale is not None else d ** -0.5)) @ k.transpose(-2, -1)
             if mask is not None:
                 s = s + mask
             windows, m = window_mask.shape[-4], s.shape[-1]
@@ -90,25 +92,35 @@ class HeadAttention(nn.Module):
 @dataclass(frozen=True)
 class HeadsSpec:
     num_heads: int
+    head_dim: int  # of q and k; v keeps its width
 
 
 class DynHeadAttention(Operator, HeadAttention):
-    """``HeadAttention`` over its first ``num_heads`` heads (its inputs arrive sliced)."""
+    """``HeadAttention`` over its first ``num_heads`` heads and the first ``head_dim`` q/k features
+    of each (its inputs arrive sliced). The scores keep the model's scale whatever ``head_dim``."""
 
     group_fields = ("num_heads", "num_heads")  # heads are bound by the heads variable, never by width
 
     def _meta_spec(self) -> HeadsSpec:
-        return HeadsSpec(self.num_heads)
+        return HeadsSpec(self.num_heads, self.head_dim)
+
+    @property
+    def _scale(self) -> float:
+        return self.scale if self.scale is not None else self.head_dim ** -0.5
 
     def forward(self, q, k=None, v=None, mask=None, window_mask=None) -> torch.Tensor:
-        return self._attend(q, k, v, mask, window_mask, self.feature.active.num_heads)
+        a = self.feature.active
+        return self._attend(q, k, v, mask, window_mask, a.num_heads, a.head_dim,
+                            self.scale if a.head_dim == self.head_dim else self._scale)
 
     def infer(self, shape: Shape) -> Shape:
         return (*shape[:-1], self.feature.active.num_heads * self.v_dim)
 
     def build(self) -> fx.GraphModule:
         # Traced, so that the SubNet holds torch code only and loads without AutoTailor.
-        core = HeadAttention(self.feature.active.num_heads, self.head_dim, self.v_dim, self.scale, self.fused,
+        a = self.feature.active
+        scale = self.scale if a.head_dim == self.head_dim else self._scale
+        core = HeadAttention(a.num_heads, a.head_dim, self.v_dim, scale, self.fused,
                              copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
         core.masked, core.windowed = self.masked, self.windowed
         fixed = {"k": None, "v": None} if self.fused else {}
@@ -169,7 +181,68 @@ class HeadAttentionHandler(OpHandler):
     def costs(self, facts: dict[str, Any], ins: list[Shape], out: Shape, kernel: int | None) -> tuple[int, int]:
         b, n, heads = out[0], out[1], out[-1] // facts["v_dim"]
         m = n if facts["fused"] else ins[1][1]
-        return b * heads * n * m * (facts["head_dim"] + facts["v_dim"]), facts["params"]
+        per_head = ins[0][-1] // heads  # the q/k width per head may be sliced: read it off the input
+        d = (per_head - facts["v_dim"]) // 2 if facts["fused"] else per_head
+        return b * heads * n * m * (d + facts["v_dim"]), facts["params"]
+
+
+@dataclass(frozen=True)
+class HeadProjectionSpec:
+    in_features: int
+    out_features: int  # heads kept times the model's rows per head (the heads variable's unit)
+    qk_dim: int
+
+
+class DynHeadProjection(DynLinear):
+    """The Linear that projects tokens into an attention's heads, its rows head-major: each head's
+    rows are ``pieces`` (q, k, v of a fused projection; one of them otherwise), and those marked
+    in ``shrinks`` (q and k) keep their first ``qk_dim`` rows. Heads and q/k width are both leading
+    within their axis, so the rows kept are a pattern rather than one slice."""
+
+    pieces: tuple[int, ...]
+    shrinks: tuple[bool, ...]
+
+    @classmethod
+    def lifted(cls, pieces: tuple[int, ...], shrinks: tuple[bool, ...]) -> Callable[[nn.Module], "DynHeadProjection"]:
+        """What lifts an ``nn.Linear`` into this operator (``PlanContext.lifts``)."""
+        return lambda module: cls.from_module(module, pieces=tuple(pieces), shrinks=tuple(shrinks))
+
+    def _meta_spec(self) -> HeadProjectionSpec:
+        qk = next(p for p, s in zip(self.pieces, self.shrinks) if s)
+        return HeadProjectionSpec(self.in_features, self.out_features, qk)
+
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        a = self.feature.active
+        block = sum(self.pieces)
+        heads = t.reshape(self.out_features // block, block, *t.shape[1:])[: a.out_features // block]
+        parts, start = [], 0
+        for size, shrinks in zip(self.pieces, self.shrinks):
+            parts.append(heads[:, start: start + (a.qk_dim if shrinks else size)])
+            start += size
+        kept = torch.cat(parts, 1)
+        return kept.reshape(-1, *t.shape[1:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.feature.active
+        if a == self.feature.meta:
+            return F.linear(x, self.weight, self.bias)
+        bias = self._rows(self.bias) if self.bias is not None else None
+        return F.linear(x, self._rows(self.weight[:, : a.in_features]), bias)
+
+    def infer(self, shape: Shape) -> Shape:
+        a = self.feature.active
+        per_head = sum(a.qk_dim if s else p for p, s in zip(self.pieces, self.shrinks))
+        return (*shape[:-1], a.out_features // sum(self.pieces) * per_head)
+
+    def build(self) -> nn.Linear:
+        a = self.feature.active
+        weight = self._rows(self.weight[:, : a.in_features])
+        lin = nn.Linear(a.in_features, weight.shape[0], self.bias is not None)
+        with torch.no_grad():
+            lin.weight.copy_(weight)
+            if self.bias is not None:
+                lin.bias.copy_(self._rows(self.bias))
+        return lin
 
 
 def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
@@ -414,6 +487,42 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | No
     if found.qkv_major:
         lin = gm.get_submodule(found.sources[0].target)
         undo.append(_head_major(lin, found.core.num_heads))
+    linears = [_module(gm, s) for s in found.sources]
+    if all(type(m) is nn.Linear for m in linears):
+        undo.append(_qk_by_importance(linears, found.core))
+    return undo
+
+
+def _qk_by_importance(linears: list[nn.Linear], core: HeadAttention) -> Callable[[], None]:
+    """Order each head's q/k features by importance (the product of the norms of the q row and
+    the k row that make a feature), most important first, so that keeping the first ``d`` (the
+    ``qk`` kind) keeps the best ``d``. A score sums q_i * k_i over the features, so one
+    permutation of a head's q and k rows leaves the attention unchanged. ``linears``: the fused
+    head-major projection, or the q and k projections (and v, untouched). Returns what undoes it;
+    the tensors are rebound, as ``_head_major`` does."""
+    h, d, dv = core.num_heads, core.head_dim, core.v_dim
+    if core.fused:
+        block, parts = 2 * d + dv, [(linears[0], 0), (linears[0], d)]
+    else:
+        block, parts = d, [(linears[0], 0), (linears[1], 0)]
+    norms = [lin.weight.detach().reshape(h, block, -1)[:, off: off + d].norm(dim=-1) for lin, off in parts]
+    order = (norms[0] * norms[1]).argsort(dim=1, descending=True, stable=True)  # (heads, d)
+    params = [p for lin in dict.fromkeys(lin for lin, _ in parts) for p in (lin.weight, lin.bias) if p is not None]
+    before = [p.data for p in params]
+    for lin in dict.fromkeys(lin for lin, _ in parts):
+        rows = torch.arange(block).repeat(h, 1)  # within each head, then offset by the head
+        for l2, off in parts:
+            if l2 is lin:
+                rows[:, off: off + d] = order + off
+        rows = (rows + block * torch.arange(h)[:, None]).flatten()
+        for p in (lin.weight, lin.bias):
+            if p is not None:
+                p.data = p.data[rows].contiguous()
+
+    def undo() -> None:
+        for p, data in zip(params, before):
+            p.data = data
+
     return undo
 
 
@@ -437,6 +546,7 @@ def _rewrite_mha(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] 
         qkv.bias = nn.Parameter(_rows_head_major(mha.in_proj_bias.detach(), heads))
     block = nn.Module()
     block.qkv, block.heads, block.out_proj = qkv, HeadAttention(heads, e // heads, e // heads, None, True), mha.out_proj
+    _qk_by_importance([qkv], block.heads)  # a new projection: nothing to undo
     set_attr(gm, node.target, block)
     with gm.graph.inserting_after(node):
         a = gm.graph.call_module(f"{node.target}.qkv", (args[0],))

@@ -1,0 +1,69 @@
+"""The ``qk`` kind: how many features each head's queries and keys keep (AutoFormer's q-k
+dimension), the values' width unchanged.
+
+An attention (``HeadAttention``, ``ir/ops/attention.py``) gets one variable,
+``blockN.qk_dim``, where its queries and keys come from plain Linear projections that feed only
+it and carry no per-head norm (a LayerNorm over a head's features would normalise over the
+features left). ``var.block_vars.TEMPLATE.qk_ratio`` gives the choices as ratios of the model's
+width per head. Each projection becomes a ``DynHeadProjection`` that keeps the first ``qk_dim``
+q and k rows of every head; the scores keep the model's scale, so the largest SubNet is the
+model and a smaller width is a truncated dot product.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch.fx as fx
+import torch.nn as nn
+
+from autotailor.compiler.variables import Binding, PlanContext, RatioKind, Variable, register_kind
+from autotailor.ir.ops.attention import DynHeadProjection, HeadAttention
+
+log = logging.getLogger(__name__)
+
+
+@register_kind
+class QkDim(RatioKind):
+    name = "qk"
+    settings = {"block_vars": "qk_ratio"}
+
+    def plan(self, ctx: PlanContext) -> None:
+        for node in ctx.gm.graph.nodes:
+            core = ctx.gm.get_submodule(node.target) if node.op == "call_module" else None
+            if not isinstance(core, HeadAttention):
+                continue
+            sources = [a for a in node.args if isinstance(a, fx.Node)]
+            projections = sources[:1] if core.fused else sources[:2]
+            why = _why_fixed(ctx, node, core, projections)
+            if why is not None:
+                log.info("%s keeps its q/k width of %d per head: %s", node.name, core.head_dim, why)
+                continue
+            (b,) = ctx.blocks_of([node.name]) or (None,)
+            template = ctx.structure.blocks[b].template if b is not None else ""
+            ratios = ctx.config.block_choices(template, "qk_ratio") if template else (1.0,)
+            d = core.head_dim
+            dims = tuple(sorted({max(1, round(r * d)) for r in ratios} | {d}))
+            if len(dims) < 2:
+                continue
+            name = ctx.name_for(f"block{b}.qk_dim")
+            ctx.variables.append(Variable(name, self.name, dims, (node.name,),
+                                          block=ctx.droppable_block(b) if b is not None else None))
+            ctx.bindings.append(Binding(node.name, "head_dim", name))
+            pieces, shrinks = ((d, d, core.v_dim), (True, True, False)) if core.fused else ((d,), (True,))
+            for p in projections:
+                ctx.lifts[p.name] = DynHeadProjection.lifted(pieces, shrinks)
+                ctx.bindings.append(Binding(p.name, "qk_dim", name))
+
+
+def _why_fixed(ctx: PlanContext, node: fx.Node, core: HeadAttention, projections: list[fx.Node]) -> str | None:
+    """Why the q/k width of the attention at ``node`` cannot vary, or None if it can."""
+    if not isinstance(core.q_norm, nn.Identity) or not isinstance(core.k_norm, nn.Identity):
+        return "its queries and keys are normalised per head"
+    for p in projections:
+        if p.op != "call_module" or type(ctx.gm.get_submodule(p.target)) is not nn.Linear:
+            return f"{p.name} is not a plain Linear"
+        if len(p.users) != 1:
+            return f"{p.name} feeds more than the attention"
+    fixed = next((g.fixed for g in ctx.groups if g.split_by == node.name and g.fixed), None)
+    return fixed
