@@ -129,8 +129,9 @@ def report(state: State, command: str) -> None:
                      + " | ".join(str(k[x]) for x in KINDS)
                      + f" | {r['seconds']:.2f} | {r['max_arch_rel_err']:.1e} | {r['extract_max_abs_diff']:.1e} | "
                        f"{onnx} |")
-    lines += ["", f"`+dense`: compiled with `{DENSE_CONFIG.strip()}` in place of the default space "
-              "(three choices each)."]
+    dense = "; ".join(DENSE_CONFIG.strip().splitlines()[1:])
+    lines += ["", f"`+dense`: compiled with `{dense}` (`[var.block_vars]`) in place of the default space's "
+              "three choices each."]
     said = [(spec, s) for spec in MODELS for s in (state.get(spec, "said") or [])]
     if said:
         lines += ["", "What the compiler said about resolutions:", ""]
@@ -161,6 +162,7 @@ def main() -> None:
         state.put(row, spec)
         print(spec, row.get("modifications", row.get("error")), flush=True)
         report(state, command)
+    report(state, command)
 
 
 if __name__ == "__main__":
