@@ -21,12 +21,19 @@ batch 1, with the default space (no config):
 the heads and the q/k width per attention (``DENSE_CONFIG``): a space of the paper's Table 3
 size from two lines of TOML.
 
+The Markdown ends with the latency predictor's figures for DeiT-tiny and LeViT-128S, read from
+``results/latency_predictor.json``; they are measured by::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/latency_predictor.py \
+        --models timm:deit_tiny_patch16_224,timm:levit_128s --backends ort-cpu,ncnn --variants fused
+
 Results: ``benchmarks/results/transformers.{json,md}``, written after every model.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tempfile
@@ -132,12 +139,39 @@ def report(state: State, command: str) -> None:
     dense = "; ".join(DENSE_CONFIG.strip().splitlines()[1:])
     lines += ["", f"`+dense`: compiled with `{dense}` (`[var.block_vars]`) in place of the default space's "
               "three choices each."]
+    lines += _latency_lines()
     said = [(spec, s) for spec in MODELS for s in (state.get(spec, "said") or [])]
     if said:
         lines += ["", "What the compiler said about resolutions:", ""]
         lines += [f"- {spec}: {s[:300]}" for spec, s in said]
     write_results(HERE / "results", "transformers", {"machine": m, "commit": commit, "command": command,
                                                       "rows": state.data}, "\n".join(lines) + "\n")
+
+
+LATENCY_MODELS = ("timm:deit_tiny_patch16_224", "timm:levit_128s")
+
+
+def _latency_lines() -> list[str]:
+    """The latency predictor's figures for the transformers, from ``latency_predictor.json``
+    (``benchmarks/latency_predictor.py --models timm:deit_tiny_patch16_224,timm:levit_128s``)."""
+    path = HERE / "results" / "latency_predictor.json"
+    results = json.loads(path.read_text())["results"] if path.exists() else {}
+    rows = [(m, b, r) for m in LATENCY_MODELS for b, r in results.get(m, {}).items() if "accuracy" in r]
+    if not rows:
+        return []
+    lines = ["", "## Latency predictor (from `latency_predictor.json`: paired design, 1 thread, 224 px)", "",
+             "| model | backend | measured | unique kernels | SubNets | within 10% | within 5% | bias | Kendall tau | "
+             "LUT sum alone: within 10%, bias | noise floor: two measurements within 5%, median difference |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, backend, r in rows:
+        a, raw, noise = r["accuracy"]["fused"], r["accuracy_raw"].get("fused-sum", {}), r["noise"]["measurements"]
+        at_ = r["measured_at"]
+        lines.append(f"| {model} | {backend} | {at_['time']}, {at_['commit']} | {r['enumeration']['fused']['kernels']} | "
+                     f"{a['n']} | {a['within_10']:.1%} | {a['within_5']:.1%} | {a['mean_error']:+.1%} | "
+                     f"{a['kendall_tau']:.3f} | {raw.get('within_10', float('nan')):.1%}, "
+                     f"{raw.get('mean_error', float('nan')):+.1%} | {noise['within_5']:.1%}, "
+                     f"{noise['median_abs_difference']:.1%} |")
+    return lines
 
 
 def main() -> None:

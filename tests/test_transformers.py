@@ -317,3 +317,30 @@ def test_tuning_decays_weight_matrices_only_and_calibration_skips_a_model_withou
 
     x, y = torch.randn(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
     assert evaluate(sn, sn.space.min(), [(x, y)], never()) == evaluate(sn, sn.space.min(), [(x, y)])
+
+
+def test_a_kernel_computed_from_constants_alone_is_folded_and_ncnn_profiles_a_vit(tmp_path) -> None:
+    """The class token expanded to the batch reads no input: a static-shape conversion folds it,
+    and NCNN cannot take a model without inputs, so it costs nothing in the table."""
+    from autotailor.predict.latency import KernelPlan, LatencyPredictor, LutStore, profile
+    from autotailor.predict.latency.backends import make_backend
+    from autotailor.predict.latency.lut import Target
+
+    torch.manual_seed(0)
+    model = timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=4,
+                                          num_classes=10).eval()
+    config = (CONFIG + "embed_ratio = [1.0]\nwidth_ratio = [1.0]\n[var.stage_vars]\nreduce_depth = [0]\n"
+              "[var.block_vars]\nAttentionBlock.heads_ratio = [1.0]\nFFNBlock.expand_ratio = [1.0]\n")
+    sn = at.compile(model, torch.randn(1, 3, 32, 32), config=config).eval()
+    plan = KernelPlan(sn, "ncnn")
+    constant = [k.signature for k in plan.kernels if not plan.example(k)[1]]
+    assert len(constant) == 1 and constant[0].startswith("expand")
+    backend = make_backend("ncnn", threads=1, warmup=1, repeats=3, budget_s=0.02)
+    target = Target.of("test", "ncnn", **backend.settings)
+    with LutStore(tmp_path / "lut.sqlite") as store:
+        assert profile(plan, backend, store, target).measured == len(plan.kernels) + 1
+        entries = store.get(target, [k.signature for k in plan.kernels])
+        predictor = LatencyPredictor.from_store(plan, store, target)
+    assert entries[constant[0]].median_ms == 0
+    assert all(m.median_ms > 0 for sig, m in entries.items() if sig not in constant)
+    assert predictor.predict(sn.space.max()) > 0
