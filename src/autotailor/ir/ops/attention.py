@@ -106,12 +106,12 @@ class DynHeadAttention(Operator, HeadAttention):
 
     @property
     def _scale(self) -> float:
+        """The model's scale, kept when the q/k width is sliced."""
         return self.scale if self.scale is not None else self.head_dim ** -0.5
 
     def forward(self, q, k=None, v=None, mask=None, window_mask=None) -> torch.Tensor:
         a = self.feature.active
-        return self._attend(q, k, v, mask, window_mask, a.num_heads, a.head_dim,
-                            self.scale if a.head_dim == self.head_dim else self._scale)
+        return self._attend(q, k, v, mask, window_mask, a.num_heads, a.head_dim, self._scale)
 
     def infer(self, shape: Shape) -> Shape:
         return (*shape[:-1], self.feature.active.num_heads * self.v_dim)
@@ -119,8 +119,7 @@ class DynHeadAttention(Operator, HeadAttention):
     def build(self) -> fx.GraphModule:
         # Traced, so that the SubNet holds torch code only and loads without AutoTailor.
         a = self.feature.active
-        scale = self.scale if a.head_dim == self.head_dim else self._scale
-        core = HeadAttention(a.num_heads, a.head_dim, self.v_dim, scale, self.fused,
+        core = HeadAttention(a.num_heads, a.head_dim, self.v_dim, self._scale, self.fused,
                              copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
         core.masked, core.windowed = self.masked, self.windowed
         fixed = {"k": None, "v": None} if self.fused else {}
