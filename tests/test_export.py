@@ -102,6 +102,23 @@ def test_ncnn_export_of_a_linear_layer_on_tokens(tmp_path) -> None:
     assert "Convolution1D" in param.read_text() and "Gemm" not in param.read_text()
 
 
+class _Subsample(torch.nn.Module):
+    """LeViT's subsampling of its token grid: a strided slice over two axes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, ::2, ::2] * 2
+
+
+def test_an_operator_pnnx_leaves_unconverted_is_named_at_export(tmp_path) -> None:
+    from autotailor.deploy import export_ncnn
+    from autotailor.errors import ExportError
+
+    with pytest.raises(ExportError, match=r"pnnx left operators that NCNN has no layer for: Tensor\.slice; this "
+                                          r"model cannot run on NCNN: deploy it with ONNX Runtime"):
+        export_ncnn(_Subsample().eval(), tmp_path / "levit", (1, 14, 14, 64))
+    assert not (tmp_path / "levit.param").exists()
+
+
 def test_ncnn_precision_is_part_of_the_target_and_each_runs_the_same_model(tmp_path) -> None:
     from autotailor.predict.latency.backends import make_backend
 

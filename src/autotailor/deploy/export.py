@@ -152,9 +152,22 @@ def export_ncnn(net: nn.Module, path: str | Path, input_shape: tuple[int, ...] |
         if done.returncode != 0 or not outputs["ncnnparam"].is_file():
             tail = "\n".join((done.stderr or done.stdout).splitlines()[-5:])
             raise ExportError(f"pnnx could not convert the model to NCNN (exit {done.returncode}): {tail}")
+        unknown = _unknown_ncnn_layers(outputs["ncnnparam"])
+        if unknown:
+            raise ExportError(f"pnnx left operators that NCNN has no layer for: {', '.join(unknown)}; this model "
+                              "cannot run on NCNN: deploy it with ONNX Runtime (ort-cpu) or OpenVINO instead")
         os.replace(outputs["ncnnparam"], param)
         os.replace(outputs["ncnnbin"], weights)
     return param, weights
+
+
+def _unknown_ncnn_layers(param: Path) -> list[str]:
+    """The layer types of an NCNN ``.param`` file that NCNN does not know (what pnnx could not
+    convert, such as a strided slice over two axes: ``Tensor.slice``), sorted."""
+    import ncnn
+
+    types = {line.split()[0] for line in param.read_text().splitlines()[2:] if line.strip()}
+    return sorted(t for t in types if ncnn.layer_to_index(t) < 0)
 
 
 def ncnn_net(param: str | Path, threads: int = 1, precision: str = "fp16", winograd: bool = True):
