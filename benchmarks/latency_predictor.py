@@ -402,6 +402,10 @@ def report(state: State, args: argparse.Namespace) -> None:
                 f"{_pct(noise['measurements']['within_5'])}, {_pct(noise['measurements']['median_abs_difference'])} | "
                 f"{noise['reference_speed_range'][0]:.2f}-{noise['reference_speed_range'][1]:.2f}x | "
                 f"{st['speed']['latency_predictions_per_s']:.0f} |")
+    failed = [(model, backend, st["error"]) for model, per in state.data.items() for backend, st in per.items()
+              if "error" in st and "fused-sum" not in st.get("accuracy", {})]
+    if failed:
+        lines += ["", "Pairs that do not run:", ""] + [f"- {m} on {b}: {e}" for m, b, e in failed]
     lines += ["", "Baselines on the held-out SubNets (share within 10% / profiling seconds spent):", "",
               "| model | backend | learning-free | FLOPs-linear by n SubNets | learning-based by n SubNets' kernels | "
               "seconds to match: FLOPs / learned |", "|---|---|---|---|---|---|"]
@@ -444,7 +448,13 @@ def main() -> None:
     if not args.report_only:
         for model in args.models.split(","):
             for backend in args.backends.split(","):
-                run_pair(state, model, backend, args)
+                try:
+                    run_pair(state, model, backend, args)
+                    state.section(model, backend).pop("error", None)
+                except at.AutoTailorError as exc:  # a model the runtime cannot take is a result
+                    state.section(model, backend)["error"] = str(exc)
+                    state.save()
+                    print(f"\n{model} {backend}: {exc}", flush=True)
                 report(state, args)
     report(state, args)
 

@@ -14,7 +14,9 @@ batch 1, with the default space (no config):
   other widths, ``depth``, ``resolution``);
 * the largest SubNet against the model: max |SuperNet(max) - model| / max |model|;
 * one random SubNet: the extracted module against the SuperNet (max abs difference), then
-  exported with ``autotailor.deploy.export_onnx`` and run in ONNX Runtime (relative difference);
+  exported with ``autotailor.deploy.export_onnx`` and run in ONNX Runtime, and with
+  ``export_ncnn`` (pnnx) and run in NCNN at fp32 (relative differences, or the error that says
+  why the model does not convert);
 * what the compiler said about resolutions it dropped (why the model does not run at them).
 
 ``DENSE`` rows compile the models named there again with four choices, instead of three, for
@@ -111,6 +113,15 @@ def measure(row_name: str) -> dict:
         row["onnx_rel_err"] = rel_err(torch.from_numpy(np.asarray(y)), ref)
     except Exception as exc:  # a model the exporter cannot take is a result, not a crash
         row["onnx_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    try:
+        from autotailor.deploy import export_ncnn, ncnn_net, run_ncnn
+
+        with tempfile.TemporaryDirectory() as tmp:
+            param, _ = export_ncnn(net, Path(tmp) / "subnet", tuple(shape))
+            y = run_ncnn(ncnn_net(param, 1, "fp32", False), xs.numpy())
+        row["ncnn_rel_err"] = rel_err(torch.from_numpy(np.asarray(y)), ref)
+    except Exception as exc:  # pnnx's limits are a result: the error names them
+        row["ncnn_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return row
 
 
@@ -121,21 +132,22 @@ def report(state: State, command: str) -> None:
              f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchvision {m['torchvision']}, "
              f"timm {m['timm']}, onnxruntime {m['onnxruntime']}; commit {commit}. Command: `{command}`.", "",
              "| model | modifications | log10 SubNets | heads | q/k | embedding | width | depth | resolution | "
-             "compile (s) | max arch rel. err | extracted vs SuperNet | ONNX Runtime rel. err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "compile (s) | max arch rel. err | extracted vs SuperNet | ONNX Runtime rel. err | NCNN fp32 rel. err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for spec in ROWS:
         r = state.get(spec)
         if r is None:
             continue
         if "error" in r:
-            lines.append(f"| {spec} | fails: {r['error']} |" + " |" * 11)
+            lines.append(f"| {spec} | fails: {r['error']} |" + " |" * 12)
             continue
         k = {x: r["kinds"].get(x, 0) for x in KINDS}
         onnx = f"{r['onnx_rel_err']:.1e}" if "onnx_rel_err" in r else f"fails: {r['onnx_error']}"
+        ncnn = f"{r['ncnn_rel_err']:.1e}" if "ncnn_rel_err" in r else f"fails: {r.get('ncnn_error', 'not run')}"
         lines.append(f"| {spec} | {r['modifications']} | {r['log10_size']:.1f} | "
                      + " | ".join(str(k[x]) for x in KINDS)
                      + f" | {r['seconds']:.2f} | {r['max_arch_rel_err']:.1e} | {r['extract_max_abs_diff']:.1e} | "
-                       f"{onnx} |")
+                       f"{onnx} | {ncnn} |")
     dense = "; ".join(DENSE_CONFIG.strip().splitlines()[1:])
     lines += ["", f"`+dense`: compiled with `{dense}` (`[var.block_vars]`) in place of the default space's "
               "three choices each."]
