@@ -169,7 +169,9 @@ def _latency_lines() -> list[str]:
     path = HERE / "results" / "latency_predictor.json"
     results = json.loads(path.read_text())["results"] if path.exists() else {}
     rows = [(m, b, r) for m in LATENCY_MODELS for b, r in results.get(m, {}).items() if "accuracy" in r]
-    if not rows:
+    failed = [(m, b, r["error"]) for m in LATENCY_MODELS for b, r in results.get(m, {}).items()
+              if "accuracy" not in r and "error" in r]
+    if not rows and not failed:
         return []
     lines = ["", "## Latency predictor (from `latency_predictor.json`: paired design, 1 thread, 224 px)", "",
              "| model | backend | measured | unique kernels | SubNets | within 10% | within 5% | bias | Kendall tau | "
@@ -183,6 +185,7 @@ def _latency_lines() -> list[str]:
                      f"{a['kendall_tau']:.3f} | {raw.get('within_10', float('nan')):.1%}, "
                      f"{raw.get('mean_error', float('nan')):+.1%} | {noise['within_5']:.1%}, "
                      f"{noise['median_abs_difference']:.1%} |")
+    lines += [""] + [f"{m} on {b} does not run: {e.rpartition(' failed: ')[2]}" for m, b, e in failed] if failed else []
     return lines
 
 
