@@ -65,5 +65,4 @@ def _why_fixed(ctx: PlanContext, node: fx.Node, core: HeadAttention, projections
             return f"{p.name} is not a plain Linear"
         if len(p.users) != 1:
             return f"{p.name} feeds more than the attention"
-    fixed = next((g.fixed for g in ctx.groups if g.split_by == node.name and g.fixed), None)
-    return fixed
+    return next((g.fixed for g in ctx.groups if g.split_by == node.name and g.fixed), None)
