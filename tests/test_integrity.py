@@ -139,8 +139,10 @@ def test_ctrl_c_says_how_to_resume(tmp_path) -> None:
     import signal
 
     assert main(["compile", "torchvision:resnet18", "--input-size", "32", "--out", str(tmp_path / "w"), "--json"]) == 0
+    # As from a terminal: a job started in the background (nohup, `&`) inherits SIGINT ignored.
     proc = subprocess.Popen([sys.executable, "-m", "autotailor.cli", "tune", str(tmp_path / "w"), "--data", "digits",
-                             "--steps", "100000", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--steps", "100000", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # Ctrl-C once tuning runs (its log has a line), not while the interpreter is still starting.
         deadline = time.perf_counter() + 240
