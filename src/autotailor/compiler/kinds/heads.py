@@ -11,6 +11,9 @@ all of them), so the first ``h`` heads are the best ``h``.
 from __future__ import annotations
 
 import logging
+from typing import Iterator
+
+import torch.fx as fx
 
 from autotailor.compiler.variables import Binding, PlanContext, RatioKind, Variable, register_kind
 from autotailor.ir.handlers import for_module
@@ -25,10 +28,7 @@ class Heads(RatioKind):
     settings = {"block_vars": "heads_ratio"}
 
     def plan(self, ctx: PlanContext) -> None:
-        for node in ctx.gm.graph.nodes:
-            core = ctx.gm.get_submodule(node.target) if node.op == "call_module" else None
-            if not isinstance(core, HeadAttention):
-                continue
+        for node, core in attentions(ctx):
             groups = tuple(g for g in ctx.groups if g.split_by == node.name)
             # Per-head tables (role "param") are reordered with the heads, not sliced.
             members = [(g, m) for g in groups for m in g.members if m.node != node.name and m.role != "param"]
@@ -38,18 +38,36 @@ class Heads(RatioKind):
             if why is not None:
                 log.info("%s keeps its %d heads: %s", node.name, core.num_heads, why)
                 continue
-            (b,) = ctx.blocks_of([node.name]) or (None,)
-            template = ctx.structure.blocks[b].template if b is not None else ""
-            ratios = ctx.config.block_choices(template, "heads_ratio") if template else (1.0,)
-            counts = tuple(sorted({max(1, round(r * core.num_heads)) for r in ratios} | {core.num_heads}))
-            if len(counts) < 2:
+            name = add_block_variable(ctx, node, self.name, "heads_ratio", core.num_heads, "num_heads")
+            if name is None:
                 continue
-            name = ctx.name_for(f"block{b}.num_heads")
-            ctx.variables.append(Variable(name, self.name, counts, (node.name,),
-                                          block=ctx.droppable_block(b) if b is not None else None))
             ctx.reorder.append(groups)
             ctx.bindings.append(Binding(node.name, "num_heads", name))
             for g, m in members:
                 in_field, out_field = for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).dynamic.group_fields
                 fields = {in_field} if m.role == "in" else {out_field} if m.role == "out" else {in_field, out_field}
                 ctx.bindings += [Binding(m.node, f, name, unit=g.granularity) for f in sorted(fields)]
+
+
+def attentions(ctx: PlanContext) -> Iterator[tuple[fx.Node, HeadAttention]]:
+    """The graph's attention operators: (node, its ``HeadAttention``)."""
+    for node in ctx.gm.graph.nodes:
+        core = ctx.gm.get_submodule(node.target) if node.op == "call_module" else None
+        if isinstance(core, HeadAttention):
+            yield node, core
+
+
+def add_block_variable(ctx: PlanContext, node: fx.Node, kind: str, key: str, size: int, field: str) -> str | None:
+    """A variable ``blockN.field`` of ``kind`` for the attention at ``node``: counts out of ``size``
+    from its block template's ratios under ``key`` (1.0 always among them). Its name, or None
+    when the ratios leave a single count."""
+    (b,) = ctx.blocks_of([node.name]) or (None,)
+    template = ctx.structure.blocks[b].template if b is not None else ""
+    ratios = ctx.config.block_choices(template, key) if template else (1.0,)
+    counts = tuple(sorted({max(1, round(r * size)) for r in ratios} | {size}))
+    if len(counts) < 2:
+        return None
+    name = ctx.name_for(f"block{b}.{field}")
+    ctx.variables.append(Variable(name, kind, counts, (node.name,),
+                                  block=ctx.droppable_block(b) if b is not None else None))
+    return name

@@ -17,7 +17,8 @@ import logging
 import torch.fx as fx
 import torch.nn as nn
 
-from autotailor.compiler.variables import Binding, PlanContext, RatioKind, Variable, register_kind
+from autotailor.compiler.kinds.heads import add_block_variable, attentions
+from autotailor.compiler.variables import Binding, PlanContext, RatioKind, register_kind
 from autotailor.ir.ops.attention import DynHeadProjection, HeadAttention
 
 log = logging.getLogger(__name__)
@@ -29,26 +30,17 @@ class QkDim(RatioKind):
     settings = {"block_vars": "qk_ratio"}
 
     def plan(self, ctx: PlanContext) -> None:
-        for node in ctx.gm.graph.nodes:
-            core = ctx.gm.get_submodule(node.target) if node.op == "call_module" else None
-            if not isinstance(core, HeadAttention):
-                continue
+        for node, core in attentions(ctx):
             sources = [a for a in node.args if isinstance(a, fx.Node)]
             projections = sources[:1] if core.fused else sources[:2]
             why = _why_fixed(ctx, node, core, projections)
             if why is not None:
                 log.info("%s keeps its q/k width of %d per head: %s", node.name, core.head_dim, why)
                 continue
-            (b,) = ctx.blocks_of([node.name]) or (None,)
-            template = ctx.structure.blocks[b].template if b is not None else ""
-            ratios = ctx.config.block_choices(template, "qk_ratio") if template else (1.0,)
-            d = core.head_dim
-            dims = tuple(sorted({max(1, round(r * d)) for r in ratios} | {d}))
-            if len(dims) < 2:
+            name = add_block_variable(ctx, node, self.name, "qk_ratio", core.head_dim, "qk_dim")
+            if name is None:
                 continue
-            name = ctx.name_for(f"block{b}.qk_dim")
-            ctx.variables.append(Variable(name, self.name, dims, (node.name,),
-                                          block=ctx.droppable_block(b) if b is not None else None))
+            d = core.head_dim
             ctx.bindings.append(Binding(node.name, "head_dim", name))
             pieces, shrinks = ((d, d, core.v_dim), (True, True, False)) if core.fused else ((d,), (True,))
             for p in projections:
