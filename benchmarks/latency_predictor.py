@@ -36,7 +36,11 @@ with settings of its own, e.g. ``ort-cpu:precision=int8``; 1 thread):
 
 State lives in ``--work`` so that the script resumes; when it is missing, the pairs already in
 ``benchmarks/results/latency_predictor.json`` are kept (each pair records its machine, commit
-and time), so pairs measured in different sessions add up.
+and time), so pairs measured in different sessions add up. ``--again`` measures the named pairs
+anew (with a fresh ``--work``, their LUT too), e.g. on an idle machine::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/latency_predictor.py --models mobilenet_v2 \
+        --backends ort-cpu,ncnn --variants fused --again --work benchmarks/work/latency_idle
 Results: ``benchmarks/results/latency_predictor.{json,md}``.
 """
 
@@ -435,6 +439,8 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="granularities to profile besides the product's fused kernels (the fusion ablation)")
     p.add_argument("--work", default=str(HERE / "work" / "latency_predictor"))
+    p.add_argument("--again", action="store_true",
+                   help="measure the named pairs again (their results so far are replaced when they finish)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--note", default="", help="how the run went, for the report")
     args = p.parse_args()
@@ -448,6 +454,8 @@ def main() -> None:
     if not args.report_only:
         for model in args.models.split(","):
             for backend in args.backends.split(","):
+                if args.again and state.get(model, backend, "accuracy") is not None:
+                    state.data[model][backend] = {}  # a fresh --work holds no timings of it either
                 try:
                     run_pair(state, model, backend, args)
                     state.section(model, backend).pop("error", None)
