@@ -506,9 +506,10 @@ def _qk_by_importance(linears: list[nn.Linear], core: HeadAttention) -> Callable
         block, parts = d, [(linears[0], 0), (linears[1], 0)]
     norms = [lin.weight.detach().reshape(h, block, -1)[:, off: off + d].norm(dim=-1) for lin, off in parts]
     order = (norms[0] * norms[1]).argsort(dim=1, descending=True, stable=True)  # (heads, d)
-    params = [p for lin in dict.fromkeys(lin for lin, _ in parts) for p in (lin.weight, lin.bias) if p is not None]
+    owners = list(dict.fromkeys(lin for lin, _ in parts))  # the fused projection once
+    params = [p for lin in owners for p in (lin.weight, lin.bias) if p is not None]
     before = [p.data for p in params]
-    for lin in dict.fromkeys(lin for lin, _ in parts):
+    for lin in owners:
         rows = torch.arange(block).repeat(h, 1)  # within each head, then offset by the head
         for l2, off in parts:
             if l2 is lin:
