@@ -220,16 +220,65 @@ def test_levit_attention_with_batchnorm_projections_and_per_head_biases() -> Non
     x = torch.randn(2, 3, 64, 64)
     sn = at.compile(model, x[:1], config="[var.global_vars]\nresolution = [64]\n").eval()
     heads = {v.name: v.choices for v in sn.space.variables if v.kind == "heads"}
-    # The four attention blocks; the subsampling attention between the stages keeps its heads.
-    assert heads == {"block1.num_heads": (1, 2), "block3.num_heads": (1, 2), "block9.num_heads": (2, 3),
-                     "block11.num_heads": (2, 3)}
-    assert {v.kind for v in sn.space.variables} == {"depth", "embedding", "width", "heads"}
+    # The four attention blocks and the subsampling attention between the stages (its queries
+    # from every second token, by a projection of their own; keys and values from one).
+    assert heads == {"block1.num_heads": (1, 2), "block3.num_heads": (1, 2), "block5.num_heads": (2, 3, 4),
+                     "block9.num_heads": (2, 3), "block11.num_heads": (2, 3)}
+    assert {v.kind for v in sn.space.variables} == {"depth", "embedding", "width", "heads", "qk"}
     with torch.no_grad():
         ref = model(x)
         assert (sn(x) - ref).abs().max() <= 1e-5 * ref.abs().max()
         arch = {name: choices[0] for name, choices in heads.items()}
         sn.set_arch(arch)
         assert torch.equal(sn.extract(arch)(x), sn(x))
+
+
+def test_levit_queries_and_keys_narrow_through_their_batchnorm() -> None:
+    """LeViT's q/k width: the Linear's rows and the BatchNorm's channels after it keep the same
+    features per head, those whose q and k rows have the largest product of norms times their
+    BatchNorm's scale: the model with the other q/k features' BatchNorm outputs zeroed."""
+    def levit() -> nn.Module:  # weights at 1/sqrt(fan-in): timm's 0.02 makes near-equal tokens, whose
+        model, g = tiny_levit(), torch.Generator().manual_seed(1)  # attention barely depends on q/k
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, (nn.Conv2d, nn.Linear)):
+                    m.weight.normal_(0, m.weight[0].numel() ** -0.5, generator=g)
+        return model
+
+    model = levit()
+    x = torch.randn(2, 3, 64, 64)
+    sn = at.compile(model, x[:1], config="[var.global_vars]\nresolution = [64]\n").eval()
+    qk = [v for v in sn.space.variables if v.kind == "qk"]
+    assert [v.choices for v in qk] == [(4, 6, 8)] * 5  # of 8 key features per head, in each attention
+    arch = {qk[0].name: 4, qk[2].name: 6, qk[4].name: 6}
+    net = sn.extract(arch)
+    reference = levit()
+
+    def norms(proj: nn.Module, heads: int) -> torch.Tensor:
+        scale = (proj.bn.weight / (proj.bn.running_var + proj.bn.eps).sqrt()).abs()
+        return (proj.linear.weight.norm(dim=-1) * scale).reshape(heads, -1)
+
+    def zero(proj: nn.Module, rows: list[int]) -> None:
+        proj.bn.weight[rows] = 0
+        proj.bn.bias[rows] = 0
+
+    with torch.no_grad():
+        for (stage, block, heads), d in (((0, 0, 2), 4), ((1, 1, 3), 6)):
+            qkv = reference.stages[stage].blocks[block].attn.qkv  # rows [head][q 8, k 8, v 16]
+            n = norms(qkv, heads)
+            kept = (n[:, :8] * n[:, 8:16]).argsort(dim=1, descending=True)[:, :d]
+            zero(qkv, [h * 32 + off + j for h in range(heads) for off in (0, 8) for j in range(8) if j not in kept[h]])
+        sub = reference.stages[1].downsample.attn_downsample  # q rows [head][8]; kv rows [head][k 8, v 32]
+        kept = (norms(sub.q.ln, 4) * norms(sub.kv, 4)[:, :8]).argsort(dim=1, descending=True)[:, :6]
+        dropped = [(h, j) for h in range(4) for j in range(8) if j not in kept[h]]
+        zero(sub.q.ln, [h * 8 + j for h, j in dropped])
+        zero(sub.kv, [h * 40 + j for h, j in dropped])
+        assert torch.allclose(net(x), reference(x), atol=1e-5)
+        assert (net(x) - model(x)).abs().max() > 1e-3  # the truncation changes the output
+        sn.set_arch(arch)
+        assert torch.equal(sn(x), net(x))
+    sizes = {n: m.num_features for n, m in net.named_modules() if n.endswith(("qkv_bn", "q_ln_bn", "kv_bn"))}
+    assert list(sizes.values()) == [2 * (4 + 4 + 16), 2 * 32, 4 * (6 + 32), 4 * 6, 3 * 32, 3 * (6 + 6 + 16)], sizes
 
 
 def test_attention_kernels_are_enumerated_per_head_count_and_costs_are_counted_exactly() -> None:

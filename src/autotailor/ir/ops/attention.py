@@ -17,6 +17,7 @@ output changes.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from autotailor.ir.graph import carries_tensors, node_shape, set_attr
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
 from autotailor.ir.ops.linear import DynLinear
+from autotailor.ir.ops.norm import DynBatchNorm1d
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,10 @@ log = logging.getLogger(__name__)
 class HeadAttention(nn.Module):
     """Scaled dot-product attention from projected tokens to merged heads.
 
-    ``fused``: one input of shape (B, N, heads * (2 * head_dim + v_dim)), head-major; otherwise q
-    (B, N, heads * head_dim), k (B, M, heads * head_dim) and v (B, M, heads * v_dim). Returns
+    ``fused``: one input of shape (B, N, heads * (2 * head_dim + v_dim)), head-major; ``kv_fused``:
+    q (B, N, heads * head_dim) and one input for k and v (B, M, heads * (head_dim + v_dim)),
+    head-major (LeViT's subsampling attention); otherwise q (B, N, heads * head_dim), k (B, M,
+    heads * head_dim) and v (B, M, heads * v_dim). ``inputs`` lists each input's rows per head. Returns
     (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask`` is an
     additive bias computed outside (Swin's relative positions), ``window_mask`` one more per
     window (Swin's shifted windows: (1, windows, heads or 1, N, N), the batch holding images
@@ -49,10 +53,13 @@ class HeadAttention(nn.Module):
     "shared": one for all heads, "per_head").
     """
 
+    kv_fused = False  # a class default: SuperNets saved before it load unchanged
+
     def __init__(self, num_heads: int, head_dim: int, v_dim: int, scale: float | None, fused: bool,
-                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
+                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None, kv_fused: bool = False):
         super().__init__()
         self.num_heads, self.head_dim, self.v_dim, self.scale, self.fused = num_heads, head_dim, v_dim, scale, fused
+        self.kv_fused = kv_fused
         self.masked = self.windowed = ""
         self.q_norm = q_norm if q_norm is not None else nn.Identity()
         self.k_norm = k_norm if k_norm is not None else nn.Identity()
@@ -61,6 +68,16 @@ class HeadAttention(nn.Module):
                 mask: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self._attend(q, k, v, mask, window_mask, self.num_heads)
 
+    def inputs(self, d: int | None = None) -> list[tuple[tuple[int, ...], tuple[bool, ...]]]:
+        """For each input, its rows per head as pieces (q, k, v in the order they come) and which of
+        them are queries or keys (``d`` wide, the model's ``head_dim`` unless given)."""
+        d, dv = self.head_dim if d is None else d, self.v_dim
+        if self.fused:
+            return [((d, d, dv), (True, True, False))]
+        if self.kv_fused:
+            return [((d,), (True,)), ((d, dv), (True, False))]
+        return [((d,), (True,)), ((d,), (True,)), ((dv,), (False,))]
+
     def _attend(self, q, k, v, mask, window_mask, h: int, d: int | None = None,
                 scale: float | None = None) -> torch.Tensor:
         b, n = q.shape[0], q.shape[1]
@@ -68,6 +85,10 @@ class HeadAttention(nn.Module):
         if self.fused:
             parts = q.reshape(b, n, h, 2 * d + self.v_dim).split([d, d, self.v_dim], -1)
             q, k, v = parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)
+        elif self.kv_fused:
+            q = q.reshape(b, n, h, d).transpose(1, 2)
+            kv = k.reshape(b, k.shape[1], h, d + self.v_dim).split([d, self.v_dim], -1)
+            k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)
         else:
             q = q.reshape(b, n, h, d).transpose(1, 2)
             k = k.reshape(b, k.shape[1], h, d).transpose(1, 2)
@@ -120,9 +141,9 @@ class DynHeadAttention(Operator, HeadAttention):
         # Traced, so that the SubNet holds torch code only and loads without AutoTailor.
         a = self.feature.active
         core = HeadAttention(a.num_heads, a.head_dim, self.v_dim, self._scale, self.fused,
-                             copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
+                             copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm), self.kv_fused)
         core.masked, core.windowed = self.masked, self.windowed
-        fixed = {"k": None, "v": None} if self.fused else {}
+        fixed = {"k": None, "v": None} if self.fused else {"v": None} if self.kv_fused else {}
         fixed.update({name: None for name, on in (("mask", self.masked), ("window_mask", self.windowed)) if not on})
         return without_fixed_inputs(fx.symbolic_trace(core, concrete_args=fixed or None))
 
@@ -138,8 +159,8 @@ class HeadAttentionHandler(OpHandler):
     def channels(self, a, node: fx.Node) -> Track | None:
         core = a.module(node)
         inputs = [x for x in node.args if isinstance(x, fx.Node)]
-        per_head = [2 * core.head_dim + core.v_dim] if core.fused else [core.head_dim, core.head_dim, core.v_dim]
-        for x, size in zip(inputs, per_head):
+        for x, (pieces, _) in zip(inputs, core.inputs()):
+            size = sum(pieces)
             t = a.track(x)
             if t is None:
                 continue
@@ -171,7 +192,8 @@ class HeadAttentionHandler(OpHandler):
 
     def describe(self, module: HeadAttention) -> str:
         norms = "".join(type(m).__name__[0] for m in (module.q_norm, module.k_norm))
-        return f"d{module.head_dim}v{module.v_dim}{'f' if module.fused else 's'}{norms}s{module.scale}m{module.masked}w{module.windowed}"
+        layout = "f" if module.fused else "k" if module.kv_fused else "s"
+        return f"d{module.head_dim}v{module.v_dim}{layout}{norms}s{module.scale}m{module.masked}w{module.windowed}"
 
     def facts(self, module: HeadAttention) -> dict[str, Any]:
         return {"head_dim": module.head_dim, "v_dim": module.v_dim, "fused": module.fused,
@@ -192,34 +214,49 @@ class HeadProjectionSpec:
     qk_dim: int
 
 
-class DynHeadProjection(DynLinear):
-    """The Linear that projects tokens into an attention's heads, its rows head-major: each head's
-    rows are ``pieces`` (q, k, v of a fused projection; one of them otherwise), and those marked
-    in ``shrinks`` (q and k) keep their first ``qk_dim`` rows. Heads and q/k width are both leading
-    within their axis, so the rows kept are a pattern rather than one slice."""
+@dataclass(frozen=True)
+class HeadNormSpec:
+    num_features: int  # as ``HeadProjectionSpec.out_features``
+    qk_dim: int
+
+
+class _HeadRows:
+    """Rows of a projection into heads, head-major: each head's rows are ``pieces`` (q, k, v of a
+    fused projection; one of them otherwise), and those marked in ``shrinks`` (q and k) keep their
+    first ``qk_dim`` rows. Heads and q/k width are both leading within their axis, so the rows
+    kept are a pattern rather than one slice."""
 
     pieces: tuple[int, ...]
     shrinks: tuple[bool, ...]
 
     @classmethod
-    def lifted(cls, pieces: tuple[int, ...], shrinks: tuple[bool, ...]) -> Callable[[nn.Module], "DynHeadProjection"]:
-        """What lifts an ``nn.Linear`` into this operator (``PlanContext.lifts``)."""
+    def lifted(cls, pieces: tuple[int, ...], shrinks: tuple[bool, ...]) -> Callable[[nn.Module], Operator]:
+        """What lifts the layer into this operator (``PlanContext.lifts``)."""
         return lambda module: cls.from_module(module, pieces=tuple(pieces), shrinks=tuple(shrinks))
 
+    def _meta_qk(self) -> int:
+        return next(p for p, s in zip(self.pieces, self.shrinks) if s)
+
+    def _kept(self, rows: int, qk_dim: int) -> torch.Tensor:
+        """Indices of the rows kept of the first ``rows`` (whole heads) at ``qk_dim``."""
+        block = sum(self.pieces)
+        within = torch.cat([torch.arange(start, start + (qk_dim if shrinks else size)) for start, size, shrinks in
+                            zip(itertools.accumulate((0, *self.pieces)), self.pieces, self.shrinks)])
+        return (torch.arange(rows // block)[:, None] * block + within).flatten()
+
+    def _rows_per_head(self, qk_dim: int) -> int:
+        return sum(qk_dim if s else p for p, s in zip(self.pieces, self.shrinks))
+
+
+class DynHeadProjection(_HeadRows, DynLinear):
+    """The Linear that projects tokens into an attention's heads (``_HeadRows``)."""
+
     def _meta_spec(self) -> HeadProjectionSpec:
-        qk = next(p for p, s in zip(self.pieces, self.shrinks) if s)
-        return HeadProjectionSpec(self.in_features, self.out_features, qk)
+        return HeadProjectionSpec(self.in_features, self.out_features, self._meta_qk())
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         a = self.feature.active
-        block = sum(self.pieces)
-        heads = t.reshape(self.out_features // block, block, *t.shape[1:])[: a.out_features // block]
-        parts, start = [], 0
-        for size, shrinks in zip(self.pieces, self.shrinks):
-            parts.append(heads[:, start: start + (a.qk_dim if shrinks else size)])
-            start += size
-        kept = torch.cat(parts, 1)
-        return kept.reshape(-1, *t.shape[1:])
+        return t.index_select(0, self._kept(a.out_features, a.qk_dim).to(t.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.feature.active
@@ -230,8 +267,7 @@ class DynHeadProjection(DynLinear):
 
     def infer(self, shape: Shape) -> Shape:
         a = self.feature.active
-        per_head = sum(a.qk_dim if s else p for p, s in zip(self.pieces, self.shrinks))
-        return (*shape[:-1], a.out_features // sum(self.pieces) * per_head)
+        return (*shape[:-1], a.out_features // sum(self.pieces) * self._rows_per_head(a.qk_dim))
 
     def build(self) -> nn.Linear:
         a = self.feature.active
@@ -242,6 +278,41 @@ class DynHeadProjection(DynLinear):
             if self.bias is not None:
                 lin.bias.copy_(self._rows(self.bias))
         return lin
+
+
+class DynHeadBatchNorm1d(_HeadRows, DynBatchNorm1d):
+    """The BatchNorm after a ``DynHeadProjection`` (LeViT's Linear + BatchNorm over tokens): its
+    per-channel tensors keep the projection's rows."""
+
+    def _meta_spec(self) -> HeadNormSpec:
+        return HeadNormSpec(self.num_features, self._meta_qk())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.feature.active
+        if a == self.feature.meta:
+            return nn.BatchNorm1d.forward(self, x)
+        rows = self._kept(a.num_features, a.qk_dim).to(x.device)
+        mean, var = self.running_mean[rows], self.running_var[rows]
+        use_batch = self.training
+        if use_batch and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+        momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+        y = F.batch_norm(x, mean, var, self.weight[rows], self.bias[rows], use_batch, momentum, self.eps)
+        if use_batch:  # the statistics were updated on copies: write them back to the rows kept
+            with torch.no_grad():
+                self.running_mean[rows] = mean
+                self.running_var[rows] = var
+        return y
+
+    def build(self) -> nn.BatchNorm1d:
+        a = self.feature.active
+        rows = self._kept(a.num_features, a.qk_dim)
+        bn = nn.BatchNorm1d(len(rows), self.eps, self.momentum)
+        with torch.no_grad():
+            for name in ("weight", "bias", "running_mean", "running_var"):
+                getattr(bn, name).copy_(getattr(self, name)[rows])
+            bn.num_batches_tracked.copy_(self.num_batches_tracked)
+        return bn
 
 
 def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
@@ -291,15 +362,20 @@ class _Found:
 
 
 def _projection(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """A Linear's output, or LeViT's Linear + BatchNorm over tokens (``bn(y.flatten(0, 1)).reshape_as(y)``)."""
-    if isinstance(_module(gm, node), nn.Linear):
-        return True
+    """A Linear's output, or LeViT's Linear + BatchNorm over tokens (``linear_norm``)."""
+    return isinstance(_module(gm, node), nn.Linear) or linear_norm(gm, node) is not None
+
+
+def linear_norm(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """LeViT's Linear + BatchNorm over tokens, ``bn(y.flatten(0, 1)).reshape_as(y)`` ending at
+    ``node``: (the Linear's node, the BatchNorm's), or None."""
     if not _is(node, {"reshape_as"}):
-        return False
+        return None
     bn, y = node.args[:2]
     flat = bn.args[0] if isinstance(_module(gm, bn), nn.BatchNorm1d) else None
-    return _is(flat, {"flatten"}) and flat.args[0] is y and tuple(flat.args[1:3]) == (0, 1) and \
+    ok = _is(flat, {"flatten"}) and flat.args[0] is y and tuple(flat.args[1:3]) == (0, 1) and \
         isinstance(_module(gm, y), nn.Linear)
+    return (y, bn) if ok else None
 
 
 def _trace_back(gm: fx.GraphModule, node: fx.Node, dim: int, inside: set[fx.Node]) -> tuple[fx.Node | None, nn.Module | None]:
@@ -417,9 +493,15 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     sources = [s for s, _ in found]
     if any(s is None for s in sources) or found[2][1] is not None:
         return None
-    fused = len(set(sources)) == 1
+    fused, kv_fused = len(set(sources)) == 1, len(set(sources)) == 2 and sources[1] is sources[2]
     qkv_major = False
-    if fused:
+    if kv_fused:
+        sources = sources[:2]
+        split = [node_shape(u) for u in sources[1].users]  # [head][k, v] (LeViT: view(B, M, H, -1))
+        if len(split) != 1 or len(split[0]) != 4 or split[0][2] != heads or \
+                [node_shape(x)[-1] for x in sources] != [heads * d, heads * (d + dv)]:
+            return None
+    elif fused:
         sources = sources[:1]
         split = [node_shape(u) for u in sources[0].users]
         # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d)) are put head-major
@@ -438,7 +520,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
             return None
         merged = users[0]
         inside.add(merged)
-    core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1])
+    core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1], kv_fused)
     kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
     core.masked, core.windowed = kind.get("mask", ""), kind.get("window_mask", "")
     return _Found(sources, merged, core, inside, masks, qkv_major)
@@ -486,42 +568,59 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | No
     if found.qkv_major:
         lin = gm.get_submodule(found.sources[0].target)
         undo.append(_head_major(lin, found.core.num_heads))
-    linears = [_module(gm, s) for s in found.sources]
-    if all(type(m) is nn.Linear for m in linears):
-        undo.append(_qk_by_importance(linears, found.core))
+    layers = [_layers(gm, s) for s in found.sources]
+    if all(layers):
+        undo.append(_qk_by_importance(layers, found.core))
     return undo
 
 
-def _qk_by_importance(linears: list[nn.Linear], core: HeadAttention) -> Callable[[], None]:
+def _layers(gm: fx.GraphModule, source: fx.Node) -> tuple[nn.Linear, nn.BatchNorm1d | None] | None:
+    """The plain Linear a projection's rows come from, and LeViT's BatchNorm after it."""
+    pair = linear_norm(gm, source)
+    lin, bn = (_module(gm, pair[0]), _module(gm, pair[1])) if pair else (_module(gm, source), None)
+    plain = type(lin) is nn.Linear and (bn is None or (type(bn) is nn.BatchNorm1d and bn.affine
+                                                         and bn.track_running_stats))
+    return (lin, bn) if plain else None
+
+
+def _qk_by_importance(layers: list[tuple[nn.Linear, nn.BatchNorm1d | None]], core: HeadAttention) -> Callable[[], None]:
     """Order each head's q/k features by importance (the product of the norms of the q row and
-    the k row that make a feature), most important first, so that keeping the first ``d`` (the
-    ``qk`` kind) keeps the best ``d``. A score sums q_i * k_i over the features, so one
-    permutation of a head's q and k rows leaves the attention unchanged. ``linears``: the fused
-    head-major projection, or the q and k projections (and v, untouched). Returns what undoes it;
-    the tensors are rebound, as ``_head_major`` does."""
-    h, d, dv = core.num_heads, core.head_dim, core.v_dim
-    if core.fused:
-        block, parts = 2 * d + dv, [(linears[0], 0), (linears[0], d)]
-    else:
-        block, parts = d, [(linears[0], 0), (linears[1], 0)]
-    norms = [lin.weight.detach().reshape(h, block, -1)[:, off: off + d].norm(dim=-1) for lin, off in parts]
-    order = (norms[0] * norms[1]).argsort(dim=1, descending=True, stable=True)  # (heads, d)
-    owners = list(dict.fromkeys(lin for lin, _ in parts))  # the fused projection once
-    params = [p for lin in owners for p in (lin.weight, lin.bias) if p is not None]
-    before = [p.data for p in params]
-    for lin in owners:
+    the k row that make a feature, each times its BatchNorm's scale where one follows), most
+    important first, so that keeping the first ``d`` (the ``qk`` kind) keeps the best ``d``. A
+    score sums q_i * k_i over the features, so one permutation of a head's q and k rows (and of
+    their BatchNorm's channels) leaves the attention unchanged. ``layers``: the fused head-major
+    projection, or the q and k (or fused k and v) projections, each with its BatchNorm or None.
+    Returns what undoes it; the tensors are rebound, as ``_head_major`` does."""
+    h, d = core.num_heads, core.head_dim
+    # (the projection, its rows per head, where q or k starts among them): q first, then k
+    parts = [(layers[i], sum(pieces), off) for i, (pieces, shrinks) in enumerate(core.inputs())
+             for off, size, s in zip(itertools.accumulate((0, *pieces)), pieces, shrinks) if s]
+
+    def norms(lin: nn.Linear, bn: nn.BatchNorm1d | None) -> torch.Tensor:
+        n = lin.weight.detach().norm(dim=-1)
+        return n if bn is None else n * (bn.weight.detach() / (bn.running_var + bn.eps).sqrt()).abs()
+
+    scores = [norms(*pair).reshape(h, block)[:, off: off + d] for pair, block, off in parts]
+    order = (scores[0] * scores[1]).argsort(dim=1, descending=True, stable=True)  # (heads, d)
+    owners = {pair: block for pair, block, _ in parts}  # the fused projection once
+    tensors = [(m, name) for lin, bn in owners for m, names in ((lin, ("weight", "bias")),
+               (bn, ("weight", "bias", "running_mean", "running_var"))) if m is not None
+               for name in names if getattr(m, name) is not None]
+    before = [getattr(m, name).data for m, name in tensors]
+    for pair, block in owners.items():
         rows = torch.arange(block).repeat(h, 1)  # within each head, then offset by the head
-        for l2, off in parts:
-            if l2 is lin:
+        for p2, _, off in parts:
+            if p2 is pair:
                 rows[:, off: off + d] = order + off
         rows = (rows + block * torch.arange(h)[:, None]).flatten()
-        for p in (lin.weight, lin.bias):
-            if p is not None:
-                p.data = p.data[rows].contiguous()
+        for m, name in tensors:
+            if m in pair:
+                t = getattr(m, name)
+                t.data = t.data[rows].contiguous()
 
     def undo() -> None:
-        for p, data in zip(params, before):
-            p.data = data
+        for (m, name), data in zip(tensors, before):
+            getattr(m, name).data = data
 
     return undo
 
@@ -546,7 +645,7 @@ def _rewrite_mha(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] 
         qkv.bias = nn.Parameter(_rows_head_major(mha.in_proj_bias.detach(), heads))
     block = nn.Module()
     block.qkv, block.heads, block.out_proj = qkv, HeadAttention(heads, e // heads, e // heads, None, True), mha.out_proj
-    _qk_by_importance([qkv], block.heads)  # a new projection: nothing to undo
+    _qk_by_importance([(qkv, None)], block.heads)  # a new projection: nothing to undo
     set_attr(gm, node.target, block)
     with gm.graph.inserting_after(node):
         a = gm.graph.call_module(f"{node.target}.qkv", (args[0],))
