@@ -15,7 +15,7 @@ TIMM = [
     ("resnet18", {"depth", "width", "resolution"}),
     ("efficientnet_b0", {"depth", "width", "kernel", "resolution"}),  # BatchNormAct2d, functional BN
     ("convnext_atto", {"depth", "width", "kernel", "resolution"}),  # identity-module shortcuts
-    ("vit_tiny_patch16_224", {"depth", "width", "heads", "qk", "embedding"}),  # optional attn_mask input; fixed resolution
+    ("vit_tiny_patch16_224", {"depth", "width", "heads", "qk", "v", "embedding"}),  # optional attn_mask input; fixed resolution
 ]
 
 

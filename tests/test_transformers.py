@@ -43,11 +43,13 @@ def test_vit_gets_heads_embedding_mlp_and_layer_depth_variables(make) -> None:
     x = torch.randn(2, 3, 32, 32)
     sn = at.compile(model, x[:1], config=CONFIG).eval()
     kinds = {v.kind: v for v in sn.space.variables}
-    assert set(kinds) == {"heads", "qk", "embedding", "width", "depth"}
+    assert set(kinds) == {"heads", "qk", "v", "embedding", "width", "depth"}
     heads = [v for v in sn.space.variables if v.kind == "heads"]
     assert len(heads) == 3 and all(v.choices == (2, 3, 4) for v in heads)  # ratios 0.5, 0.75, 1 of 4 heads
     qk = [v for v in sn.space.variables if v.kind == "qk"]
     assert len(qk) == 3 and all(v.choices == (6, 9, 12) for v in qk)  # of 12 q/k features per head
+    values = [v for v in sn.space.variables if v.kind == "v"]
+    assert len(values) == 3 and all(v.choices == (6, 9, 12) for v in values)  # of 12 value features per head
     assert kinds["embedding"].name == "embed_ratio" and kinds["embedding"].values == (24, 36, 48)
     # Three layers, each an attention and an MLP block: depth counts layers, a choice drops both.
     depth = kinds["depth"]
@@ -224,7 +226,7 @@ def test_levit_attention_with_batchnorm_projections_and_per_head_biases() -> Non
     # from every second token, by a projection of their own; keys and values from one).
     assert heads == {"block1.num_heads": (1, 2), "block3.num_heads": (1, 2), "block5.num_heads": (2, 3, 4),
                      "block9.num_heads": (2, 3), "block11.num_heads": (2, 3)}
-    assert {v.kind for v in sn.space.variables} == {"depth", "embedding", "width", "heads", "qk"}
+    assert {v.kind for v in sn.space.variables} == {"depth", "embedding", "width", "heads", "qk", "v"}
     with torch.no_grad():
         ref = model(x)
         assert (sn(x) - ref).abs().max() <= 1e-5 * ref.abs().max()
@@ -287,10 +289,11 @@ def test_attention_kernels_are_enumerated_per_head_count_and_costs_are_counted_e
     sn = at.compile(timm_vit(), torch.randn(1, 3, 32, 32), config=CONFIG).eval()
     plan = KernelPlan(sn, "ort-cpu")
     attention = [k.signature for k in plan.kernels if k.signature.startswith("attention")]
-    # One kernel per head count (2, 3, 4) and q/k width per head (6, 9, 12; values 12 wide): fused
+    # One kernel per head count (2, 3, 4), q/k and value width per head (6, 9, 12 each): fused
     # q/k/v in, merged heads out, the same in every layer: 17 tokens (16 patches, the class token).
     assert sorted(s.split(" | ")[1:3] for s in attention) == sorted(
-        [f"in (1, 17, {h * (2 * d + 12)})", f"out (1, 17, {h * 12})"] for h in (2, 3, 4) for d in (6, 9, 12))
+        [list(t) for t in {(f"in (1, 17, {h * (2 * d + dv)})", f"out (1, 17, {h * dv})") for h in (2, 3, 4)
+                           for d in (6, 9, 12) for dv in (6, 9, 12)}])
     costs = CostModel(KernelPlan(sn, "none"))
     for seed in range(3):
         arch = sn.space.sample(seed)
@@ -327,6 +330,34 @@ def test_a_narrower_query_and_key_is_the_model_with_those_features_left_out() ->
         assert torch.equal(sn(x), net(x))
     rows = [m.out_features for n, m in net.named_modules() if n.endswith("qkv")]
     assert rows == [4 * (6 + 6 + 12), 4 * 36, 4 * (9 + 9 + 12)]
+
+
+def test_a_narrower_value_is_the_model_with_those_features_left_out() -> None:
+    """Keeping dv of each head's value features: the value projection keeps those rows and the
+    output projection the columns that read them, those whose v row and output column have the
+    largest product of norms: the model with the other v rows zeroed."""
+    model = timm_vit()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    values = [v.name for v in sn.space.variables if v.kind == "v"]
+    arch = {values[0]: 6, values[2]: 9}
+    net = sn.extract(arch)
+    reference = timm_vit()
+    with torch.no_grad():
+        for layer, dv in ((0, 6), (2, 9)):
+            attn = reference.blocks[layer].attn  # qkv rows [q, k, v][head][12]; proj columns [head][12]
+            norms = attn.qkv.weight[96:].norm(dim=-1).reshape(4, 12) * attn.proj.weight.norm(dim=0).reshape(4, 12)
+            kept = norms.argsort(dim=1, descending=True)[:, :dv]
+            rows = [96 + h * 12 + j for h in range(4) for j in range(12) if j not in kept[h]]
+            attn.qkv.weight[rows] = 0
+            attn.qkv.bias[rows] = 0
+        assert torch.allclose(net(x), reference(x), atol=1e-5)
+        assert (net(x) - model(x)).abs().max() > 2e-4  # the narrowing changes the output
+        sn.set_arch(arch)
+        assert torch.equal(sn(x), net(x))
+    qkv = [m.out_features for n, m in net.named_modules() if n.endswith("qkv")]
+    proj = [m.in_features for n, m in net.named_modules() if n.endswith("attn_proj")]
+    assert qkv == [4 * (12 + 12 + 6), 4 * 36, 4 * (12 + 12 + 9)] and proj == [4 * 6, 4 * 12, 4 * 9], (qkv, proj)
 
 
 def test_a_vit_that_resamples_its_position_embedding_gets_resolution_and_embedding() -> None:

@@ -13,7 +13,7 @@ from autotailor.tune import evaluate, recalibrated
 
 def test_every_kind_has_its_settings_defaults_checks_and_plan():
     # Embedding plans before width, which would otherwise take a transformer's residual stream.
-    assert [k.name for k in kinds()] == ["resolution", "depth", "embedding", "width", "kernel", "heads", "qk"]
+    assert [k.name for k in kinds()] == ["resolution", "depth", "embedding", "width", "kernel", "heads", "qk", "v"]
     for k in kinds():
         assert k.settings and set(k.settings) <= set(SCOPES)
         for method in ("default", "check", "plan"):

@@ -22,7 +22,7 @@ from autotailor.ir.shapes import deduce_shapes
 from autotailor.ir.walk import GraphWalker
 from autotailor.supernet.space import Arch, Space
 
-_FORMAT = "autotailor-supernet/4"  # 2: operator handlers (ir/ops), variable kinds; 3: heads (Operator.units); 4: q/k width per head
+_FORMAT = "autotailor-supernet/5"  # 2: operator handlers (ir/ops), variable kinds; 3: heads (Operator.units); 4: q/k width per head; 5: value width per head
 
 class SuperNet(nn.Module):
     """A compiled model whose SubNets share its weights.

@@ -1,4 +1,4 @@
 """Variable kinds beyond the four in ``compiler.variables``, one module each. Importing this
 package registers them."""
 
-from autotailor.compiler.kinds import embedding, heads, qk  # noqa: F401
+from autotailor.compiler.kinds import embedding, heads, qk, v  # noqa: F401

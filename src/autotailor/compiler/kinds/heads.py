@@ -14,10 +14,11 @@ import logging
 from typing import Iterator
 
 import torch.fx as fx
+import torch.nn as nn
 
 from autotailor.compiler.variables import Binding, PlanContext, RatioKind, Variable, register_kind
 from autotailor.ir.handlers import for_module
-from autotailor.ir.ops.attention import HeadAttention
+from autotailor.ir.ops.attention import DynHeadBatchNorm1d, DynHeadProjection, HeadAttention, linear_norm
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +72,34 @@ def add_block_variable(ctx: PlanContext, node: fx.Node, kind: str, key: str, siz
     ctx.variables.append(Variable(name, kind, counts, (node.name,),
                                   block=ctx.droppable_block(b) if b is not None else None))
     return name
+
+
+def projections(ctx: PlanContext, node: fx.Node, core: HeadAttention, roles: set[str]) -> list[tuple[fx.Node, tuple[str, ...]]]:
+    """The projections of the attention at ``node`` whose rows hold one of ``roles`` ("q", "k",
+    "v"): (the node the attention reads, the roles of its rows per head)."""
+    sources = [a for a in node.args if isinstance(a, fx.Node)]
+    return [(p, held) for p, held in zip(sources, core.inputs()) if roles & set(held)]
+
+
+def projection_fixed(ctx: PlanContext, p: fx.Node) -> str | None:
+    """Why the rows of projection ``p`` cannot be sliced within heads, or None: it must be a plain
+    Linear (or LeViT's Linear + BatchNorm over tokens) that feeds only the attention."""
+    pair = linear_norm(ctx.gm, p)
+    types = [type(ctx.gm.get_submodule(n.target)) if n.op == "call_module" else None for n in pair or (p,)]
+    if types != ([nn.Linear, nn.BatchNorm1d] if pair else [nn.Linear]):
+        return f"{p.name} is not a plain Linear" + (" and BatchNorm" if pair else "")
+    if len(p.users) != 1 or (pair and (set(pair[0].users) != {pair[1].args[0], p} or len(pair[1].users) != 1)):
+        return f"{p.name} feeds more than the attention"
+    return None
+
+
+def lift_projections(ctx: PlanContext, node: fx.Node, core: HeadAttention, roles: set[str], field: str,
+                     name: str) -> None:
+    """Make each projection holding ``roles`` a ``DynHeadProjection`` (LeViT's BatchNorm after it a
+    ``DynHeadBatchNorm1d``) whose ``field`` reads variable ``name``. The qk and v kinds lift the
+    same projection alike, each binding its own field."""
+    for p, held in projections(ctx, node, core, roles):
+        pair = linear_norm(ctx.gm, p)
+        for layer, dynamic in zip(pair or (p,), (DynHeadProjection, DynHeadBatchNorm1d)):
+            ctx.lifts[layer.name] = dynamic.lifted(core, held)
+            ctx.bindings.append(Binding(layer.name, field, name))

@@ -44,16 +44,14 @@ class HeadAttention(nn.Module):
     ``fused``: one input of shape (B, N, heads * (2 * head_dim + v_dim)), head-major; ``kv_fused``:
     q (B, N, heads * head_dim) and one input for k and v (B, M, heads * (head_dim + v_dim)),
     head-major (LeViT's subsampling attention); otherwise q (B, N, heads * head_dim), k (B, M,
-    heads * head_dim) and v (B, M, heads * v_dim). ``inputs`` lists each input's rows per head. Returns
-    (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask`` is an
+    heads * head_dim) and v (B, M, heads * v_dim). ``inputs`` names each input's rows per head.
+    Returns (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask`` is an
     additive bias computed outside (Swin's relative positions), ``window_mask`` one more per
     window (Swin's shifted windows: (1, windows, heads or 1, N, N), the batch holding images
     times windows); each has the model's heads on its third axis from the end, or one for all,
     and the first ``heads`` are used. ``masked``/``windowed`` say which a call passes ("": none,
     "shared": one for all heads, "per_head").
     """
-
-    kv_fused = False  # a class default: SuperNets saved before it load unchanged
 
     def __init__(self, num_heads: int, head_dim: int, v_dim: int, scale: float | None, fused: bool,
                  q_norm: nn.Module | None = None, k_norm: nn.Module | None = None, kv_fused: bool = False):
@@ -66,33 +64,27 @@ class HeadAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self._attend(q, k, v, mask, window_mask, self.num_heads)
+        return self._attend(q, k, v, mask, window_mask, self.num_heads, self.head_dim, self.v_dim, self.scale)
 
-    def inputs(self, d: int | None = None) -> list[tuple[tuple[int, ...], tuple[bool, ...]]]:
-        """For each input, its rows per head as pieces (q, k, v in the order they come) and which of
-        them are queries or keys (``d`` wide, the model's ``head_dim`` unless given)."""
-        d, dv = self.head_dim if d is None else d, self.v_dim
+    def inputs(self) -> list[tuple[str, ...]]:
+        """Each input's rows per head, in order: "q", "k" (``head_dim`` each), "v" (``v_dim``)."""
         if self.fused:
-            return [((d, d, dv), (True, True, False))]
-        if self.kv_fused:
-            return [((d,), (True,)), ((d, dv), (True, False))]
-        return [((d,), (True,)), ((d,), (True,)), ((dv,), (False,))]
+            return [("q", "k", "v")]
+        return [("q",), ("k", "v")] if self.kv_fused else [("q",), ("k",), ("v",)]
 
-    def _attend(self, q, k, v, mask, window_mask, h: int, d: int | None = None,
-                scale: float | None = None) -> torch.Tensor:
+    def _attend(self, q, k, v, mask, window_mask, h: int, d: int, dv: int, scale: float | None) -> torch.Tensor:
         b, n = q.shape[0], q.shape[1]
-        d, scale = (self.head_dim, self.scale) if d is None else (d, scale)
         if self.fused:
-            parts = q.reshape(b, n, h, 2 * d + self.v_dim).split([d, d, self.v_dim], -1)
+            parts = q.reshape(b, n, h, 2 * d + dv).split([d, d, dv], -1)
             q, k, v = parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)
         elif self.kv_fused:
             q = q.reshape(b, n, h, d).transpose(1, 2)
-            kv = k.reshape(b, k.shape[1], h, d + self.v_dim).split([d, self.v_dim], -1)
+            kv = k.reshape(b, k.shape[1], h, d + dv).split([d, dv], -1)
             k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)
         else:
             q = q.reshape(b, n, h, d).transpose(1, 2)
             k = k.reshape(b, k.shape[1], h, d).transpose(1, 2)
-            v = v.reshape(b, v.shape[1], h, self.v_dim).transpose(1, 2)
+            v = v.reshape(b, v.shape[1], h, dv).transpose(1, 2)
         if self.masked == "per_head":
             mask = mask[..., :h, :, :]
         q, k = self.q_norm(q), self.k_norm(k)
@@ -107,23 +99,25 @@ class HeadAttention(nn.Module):
             windows, m = window_mask.shape[-4], s.shape[-1]
             s = (s.view(-1, windows, h, n, m) + window_mask).view(-1, h, n, m)
             x = s.softmax(-1) @ v
-        return x.transpose(1, 2).reshape(b, n, h * self.v_dim)
+        return x.transpose(1, 2).reshape(b, n, h * dv)
 
 
 @dataclass(frozen=True)
 class HeadsSpec:
     num_heads: int
-    head_dim: int  # of q and k; v keeps its width
+    head_dim: int  # of q and k
+    v_dim: int
 
 
 class DynHeadAttention(Operator, HeadAttention):
-    """``HeadAttention`` over its first ``num_heads`` heads and the first ``head_dim`` q/k features
-    of each (its inputs arrive sliced). The scores keep the model's scale whatever ``head_dim``."""
+    """``HeadAttention`` over its first ``num_heads`` heads, the first ``head_dim`` q/k features and
+    the first ``v_dim`` value features of each (its inputs arrive sliced). The scores keep the
+    model's scale whatever ``head_dim``."""
 
     group_fields = ("num_heads", "num_heads")  # heads are bound by the heads variable, never by width
 
     def _meta_spec(self) -> HeadsSpec:
-        return HeadsSpec(self.num_heads, self.head_dim)
+        return HeadsSpec(self.num_heads, self.head_dim, self.v_dim)
 
     @property
     def _scale(self) -> float:
@@ -132,15 +126,16 @@ class DynHeadAttention(Operator, HeadAttention):
 
     def forward(self, q, k=None, v=None, mask=None, window_mask=None) -> torch.Tensor:
         a = self.feature.active
-        return self._attend(q, k, v, mask, window_mask, a.num_heads, a.head_dim, self._scale)
+        return self._attend(q, k, v, mask, window_mask, a.num_heads, a.head_dim, a.v_dim, self._scale)
 
     def infer(self, shape: Shape) -> Shape:
-        return (*shape[:-1], self.feature.active.num_heads * self.v_dim)
+        a = self.feature.active
+        return (*shape[:-1], a.num_heads * a.v_dim)
 
     def build(self) -> fx.GraphModule:
         # Traced, so that the SubNet holds torch code only and loads without AutoTailor.
         a = self.feature.active
-        core = HeadAttention(a.num_heads, a.head_dim, self.v_dim, self._scale, self.fused,
+        core = HeadAttention(a.num_heads, a.head_dim, a.v_dim, self._scale, self.fused,
                              copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm), self.kv_fused)
         core.masked, core.windowed = self.masked, self.windowed
         fixed = {"k": None, "v": None} if self.fused else {"v": None} if self.kv_fused else {}
@@ -159,8 +154,7 @@ class HeadAttentionHandler(OpHandler):
     def channels(self, a, node: fx.Node) -> Track | None:
         core = a.module(node)
         inputs = [x for x in node.args if isinstance(x, fx.Node)]
-        for x, (pieces, _) in zip(inputs, core.inputs()):
-            size = sum(pieces)
+        for x, roles in zip(inputs, core.inputs()):
             t = a.track(x)
             if t is None:
                 continue
@@ -168,7 +162,7 @@ class HeadAttentionHandler(OpHandler):
                 a.fix(t.gid, f"{node.name} reads heads from an axis other than the channels")
                 continue
             a.add_member(t.gid, Member(node.name, "in"))
-            a.split(t.gid, node.name, size)
+            a.split(t.gid, node.name, sum(head_widths(core)[r] for r in roles))
         out = a.new_group(core.num_heads * core.v_dim)
         a.add_member(out, Member(node.name, "out"))
         a.split(out, node.name, core.v_dim)
@@ -196,15 +190,21 @@ class HeadAttentionHandler(OpHandler):
         return f"d{module.head_dim}v{module.v_dim}{layout}{norms}s{module.scale}m{module.masked}w{module.windowed}"
 
     def facts(self, module: HeadAttention) -> dict[str, Any]:
-        return {"head_dim": module.head_dim, "v_dim": module.v_dim, "fused": module.fused,
-                "params": sum(p.numel() for p in module.parameters())}
+        return {"fused": module.fused, "params": sum(p.numel() for p in module.parameters())}
 
     def costs(self, facts: dict[str, Any], ins: list[Shape], out: Shape, kernel: int | None) -> tuple[int, int]:
-        b, n, heads = out[0], out[1], out[-1] // facts["v_dim"]
+        # Scores and weighted sum: tokens x keys x (q/k + value features, summed over the heads);
+        # the sums read off the shapes, whatever the heads, q/k and value widths kept.
+        b, n, values = out[0], out[1], out[-1]
         m = n if facts["fused"] else ins[1][1]
-        per_head = ins[0][-1] // heads  # the q/k width per head may be sliced: read it off the input
-        d = (per_head - facts["v_dim"]) // 2 if facts["fused"] else per_head
-        return b * heads * n * m * (d + facts["v_dim"]), facts["params"]
+        queries = (ins[0][-1] - values) // 2 if facts["fused"] else ins[0][-1]
+        return b * n * m * (queries + values), facts["params"]
+
+
+def head_widths(core: HeadAttention, head_dim: int | None = None, v_dim: int | None = None) -> dict[str, int]:
+    """The width of each role's rows per head: the model's, or ``head_dim``/``v_dim`` where given."""
+    d, dv = head_dim or core.head_dim, v_dim or core.v_dim
+    return {"q": d, "k": d, "v": dv}
 
 
 @dataclass(frozen=True)
@@ -212,51 +212,66 @@ class HeadProjectionSpec:
     in_features: int
     out_features: int  # heads kept times the model's rows per head (the heads variable's unit)
     qk_dim: int
+    v_dim: int
 
 
 @dataclass(frozen=True)
 class HeadNormSpec:
     num_features: int  # as ``HeadProjectionSpec.out_features``
     qk_dim: int
+    v_dim: int
+
+
+@dataclass(frozen=True)
+class HeadInputSpec:
+    in_features: int  # heads kept times the model's value width (the heads variable's unit)
+    out_features: int
+    v_dim: int
 
 
 class _HeadRows:
-    """Rows of a projection into heads, head-major: each head's rows are ``pieces`` (q, k, v of a
-    fused projection; one of them otherwise), and those marked in ``shrinks`` (q and k) keep their
-    first ``qk_dim`` rows. Heads and q/k width are both leading within their axis, so the rows
-    kept are a pattern rather than one slice."""
+    """Rows (or columns) of a layer on an attention's heads, head-major: each head's are ``roles``
+    (q, k, v of a fused projection; one of them otherwise), ``pieces`` wide in the model; q and k
+    keep their first ``qk_dim``, v its first ``v_dim``. Heads and widths are all leading within
+    their axis, so what is kept is a pattern rather than one slice."""
 
     pieces: tuple[int, ...]
-    shrinks: tuple[bool, ...]
+    roles: tuple[str, ...]
 
     @classmethod
-    def lifted(cls, pieces: tuple[int, ...], shrinks: tuple[bool, ...]) -> Callable[[nn.Module], Operator]:
-        """What lifts the layer into this operator (``PlanContext.lifts``)."""
-        return lambda module: cls.from_module(module, pieces=tuple(pieces), shrinks=tuple(shrinks))
+    def lifted(cls, core: HeadAttention, roles: tuple[str, ...]) -> Callable[[nn.Module], Operator]:
+        """What lifts the layer into this operator (``PlanContext.lifts``): its rows per head are
+        ``roles`` of ``core``'s heads."""
+        widths = head_widths(core)
+        return lambda module: cls.from_module(module, pieces=tuple(widths[r] for r in roles), roles=tuple(roles))
 
-    def _meta_qk(self) -> int:
-        return next(p for p, s in zip(self.pieces, self.shrinks) if s)
+    def _meta(self, *roles: str) -> int:
+        """The model's width of the first piece of ``roles`` (0 if there is none)."""
+        return next((p for p, r in zip(self.pieces, self.roles) if r in roles), 0)
 
-    def _kept(self, rows: int, qk_dim: int) -> torch.Tensor:
-        """Indices of the rows kept of the first ``rows`` (whole heads) at ``qk_dim``."""
+    def _widths(self, a: Any) -> list[int]:
+        return [a.v_dim if r == "v" else a.qk_dim for r in self.roles]
+
+    def _kept(self, total: int, a: Any) -> torch.Tensor:
+        """Indices of what is kept of the first ``total`` (whole heads) at the active widths ``a``."""
+        within = torch.cat([torch.arange(start, start + w) for start, w in
+                            zip(itertools.accumulate((0, *self.pieces)), self._widths(a))])
         block = sum(self.pieces)
-        within = torch.cat([torch.arange(start, start + (qk_dim if shrinks else size)) for start, size, shrinks in
-                            zip(itertools.accumulate((0, *self.pieces)), self.pieces, self.shrinks)])
-        return (torch.arange(rows // block)[:, None] * block + within).flatten()
+        return (torch.arange(total // block)[:, None] * block + within).flatten()
 
-    def _rows_per_head(self, qk_dim: int) -> int:
-        return sum(qk_dim if s else p for p, s in zip(self.pieces, self.shrinks))
+    def _per_head(self, a: Any) -> int:
+        return sum(self._widths(a))
 
 
 class DynHeadProjection(_HeadRows, DynLinear):
-    """The Linear that projects tokens into an attention's heads (``_HeadRows``)."""
+    """The Linear that projects tokens into an attention's heads (``_HeadRows``: its rows)."""
 
     def _meta_spec(self) -> HeadProjectionSpec:
-        return HeadProjectionSpec(self.in_features, self.out_features, self._meta_qk())
+        return HeadProjectionSpec(self.in_features, self.out_features, self._meta("q", "k"), self._meta("v"))
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         a = self.feature.active
-        return t.index_select(0, self._kept(a.out_features, a.qk_dim).to(t.device))
+        return t.index_select(0, self._kept(a.out_features, a).to(t.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.feature.active
@@ -267,7 +282,7 @@ class DynHeadProjection(_HeadRows, DynLinear):
 
     def infer(self, shape: Shape) -> Shape:
         a = self.feature.active
-        return (*shape[:-1], a.out_features // sum(self.pieces) * self._rows_per_head(a.qk_dim))
+        return (*shape[:-1], a.out_features // sum(self.pieces) * self._per_head(a))
 
     def build(self) -> nn.Linear:
         a = self.feature.active
@@ -285,13 +300,13 @@ class DynHeadBatchNorm1d(_HeadRows, DynBatchNorm1d):
     per-channel tensors keep the projection's rows."""
 
     def _meta_spec(self) -> HeadNormSpec:
-        return HeadNormSpec(self.num_features, self._meta_qk())
+        return HeadNormSpec(self.num_features, self._meta("q", "k"), self._meta("v"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.feature.active
         if a == self.feature.meta:
             return nn.BatchNorm1d.forward(self, x)
-        rows = self._kept(a.num_features, a.qk_dim).to(x.device)
+        rows = self._kept(a.num_features, a).to(x.device)
         mean, var = self.running_mean[rows], self.running_var[rows]
         use_batch = self.training
         if use_batch and self.num_batches_tracked is not None:
@@ -306,13 +321,39 @@ class DynHeadBatchNorm1d(_HeadRows, DynBatchNorm1d):
 
     def build(self) -> nn.BatchNorm1d:
         a = self.feature.active
-        rows = self._kept(a.num_features, a.qk_dim)
+        rows = self._kept(a.num_features, a)
         bn = nn.BatchNorm1d(len(rows), self.eps, self.momentum)
         with torch.no_grad():
             for name in ("weight", "bias", "running_mean", "running_var"):
                 getattr(bn, name).copy_(getattr(self, name)[rows])
             bn.num_batches_tracked.copy_(self.num_batches_tracked)
         return bn
+
+
+class DynHeadInput(_HeadRows, DynLinear):
+    """The Linear that reads an attention's merged heads (its output projection): its input columns
+    keep the first ``v_dim`` value features of each head kept (``_HeadRows``: its columns)."""
+
+    def _meta_spec(self) -> HeadInputSpec:
+        return HeadInputSpec(self.in_features, self.out_features, self._meta("v"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.feature.active
+        if a == self.feature.meta:
+            return F.linear(x, self.weight, self.bias)
+        cols = self._kept(a.in_features, a).to(x.device)
+        b = self.bias[: a.out_features] if self.bias is not None else None
+        return F.linear(x, self.weight[: a.out_features].index_select(1, cols), b)
+
+    def build(self) -> nn.Linear:
+        a = self.feature.active
+        cols = self._kept(a.in_features, a)
+        lin = nn.Linear(len(cols), a.out_features, self.bias is not None)
+        with torch.no_grad():
+            lin.weight.copy_(self.weight[: a.out_features].index_select(1, cols))
+            if self.bias is not None:
+                lin.bias.copy_(self.bias[: a.out_features])
+        return lin
 
 
 def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
@@ -570,7 +611,8 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | No
         undo.append(_head_major(lin, found.core.num_heads))
     layers = [_layers(gm, s) for s in found.sources]
     if all(layers):
-        undo.append(_qk_by_importance(layers, found.core))
+        out = output_projection(gm, call)
+        undo.append(_widths_by_importance(layers, found.core, _module(gm, out) if out is not None else None))
     return undo
 
 
@@ -583,44 +625,78 @@ def _layers(gm: fx.GraphModule, source: fx.Node) -> tuple[nn.Linear, nn.BatchNor
     return (lin, bn) if plain else None
 
 
-def _qk_by_importance(layers: list[tuple[nn.Linear, nn.BatchNorm1d | None]], core: HeadAttention) -> Callable[[], None]:
-    """Order each head's q/k features by importance (the product of the norms of the q row and
-    the k row that make a feature, each times its BatchNorm's scale where one follows), most
-    important first, so that keeping the first ``d`` (the ``qk`` kind) keeps the best ``d``. A
-    score sums q_i * k_i over the features, so one permutation of a head's q and k rows (and of
-    their BatchNorm's channels) leaves the attention unchanged. ``layers``: the fused head-major
-    projection, or the q and k (or fused k and v) projections, each with its BatchNorm or None.
+# Layers that act on each feature alone between an attention and its output projection.
+_ELEMENTWISE = (nn.Identity, nn.Dropout, nn.Hardswish, nn.GELU, nn.ReLU, nn.SiLU)
+
+
+def output_projection(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """The Linear that alone reads the merged heads of the attention at ``node``, through
+    activations or dropout only (LeViT's Hardswish): its node, or None."""
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        mod = _module(gm, user)
+        if isinstance(mod, nn.Linear) and user.args[0] is node:
+            return user
+        if not isinstance(mod, _ELEMENTWISE):
+            return None
+        node = user
+    return None
+
+
+def _widths_by_importance(layers: list[tuple[nn.Linear, nn.BatchNorm1d | None]], core: HeadAttention,
+                          out: nn.Linear | None) -> Callable[[], None]:
+    """Order each head's features by importance, most important first, so that keeping the first
+    ones (the ``qk`` and ``v`` kinds) keeps the best. Queries and keys: by the product of the norms
+    of the q row and the k row that make a feature; a score sums q_i * k_i over the features, so
+    one permutation of a head's q and k rows leaves it unchanged. Values: by the norm of the v row
+    times that of the output projection's column that reads it (``out``; values keep their order
+    without one), the same permutation of both. A row's norm is times its BatchNorm's scale where
+    one follows. ``layers``: the projections (``core.inputs()``), each with its BatchNorm or None.
     Returns what undoes it; the tensors are rebound, as ``_head_major`` does."""
-    h, d = core.num_heads, core.head_dim
-    # (the projection, its rows per head, where q or k starts among them): q first, then k
-    parts = [(layers[i], sum(pieces), off) for i, (pieces, shrinks) in enumerate(core.inputs())
-             for off, size, s in zip(itertools.accumulate((0, *pieces)), pieces, shrinks) if s]
+    h, widths = core.num_heads, head_widths(core)
+    spans: dict[str, tuple[tuple, int, int]] = {}  # role -> (its projection, rows per head, offset)
+    for pair, roles in zip(layers, core.inputs()):
+        sizes = [widths[r] for r in roles]
+        for r, off in zip(roles, itertools.accumulate((0, *sizes))):
+            spans[r] = (pair, sum(sizes), off)
 
-    def norms(lin: nn.Linear, bn: nn.BatchNorm1d | None) -> torch.Tensor:
+    def norms(role: str) -> torch.Tensor:
+        (lin, bn), block, off = spans[role]
         n = lin.weight.detach().norm(dim=-1)
-        return n if bn is None else n * (bn.weight.detach() / (bn.running_var + bn.eps).sqrt()).abs()
+        n = n if bn is None else n * (bn.weight.detach() / (bn.running_var + bn.eps).sqrt()).abs()
+        return n.reshape(h, block)[:, off: off + widths[role]]
 
-    scores = [norms(*pair).reshape(h, block)[:, off: off + d] for pair, block, off in parts]
-    order = (scores[0] * scores[1]).argsort(dim=1, descending=True, stable=True)  # (heads, d)
-    owners = {pair: block for pair, block, _ in parts}  # the fused projection once
-    tensors = [(m, name) for lin, bn in owners for m, names in ((lin, ("weight", "bias")),
-               (bn, ("weight", "bias", "running_mean", "running_var"))) if m is not None
+    def order(score: torch.Tensor) -> torch.Tensor:  # (heads, width)
+        return score.argsort(dim=1, descending=True, stable=True)
+
+    orders = {"q": order(norms("q") * norms("k"))}
+    orders["k"] = orders["q"]
+    if out is not None:
+        orders["v"] = order(norms("v") * out.weight.detach().norm(dim=0).reshape(h, widths["v"]))
+    owners = {pair: block for pair, block, _ in spans.values()}  # a fused projection once
+    tensors = [(m, name, pair) for pair in owners for m, names in ((pair[0], ("weight", "bias")),
+               (pair[1], ("weight", "bias", "running_mean", "running_var"))) if m is not None
                for name in names if getattr(m, name) is not None]
-    before = [getattr(m, name).data for m, name in tensors]
+    before = [getattr(m, name).data for m, name, _ in tensors]
     for pair, block in owners.items():
         rows = torch.arange(block).repeat(h, 1)  # within each head, then offset by the head
-        for p2, _, off in parts:
-            if p2 is pair:
-                rows[:, off: off + d] = order + off
+        for role, (p2, _, off) in spans.items():
+            if p2 is pair and role in orders:
+                rows[:, off: off + widths[role]] = orders[role] + off
         rows = (rows + block * torch.arange(h)[:, None]).flatten()
-        for m, name in tensors:
-            if m in pair:
-                t = getattr(m, name)
-                t.data = t.data[rows].contiguous()
+        for m, name, owner in tensors:
+            if owner is pair:
+                getattr(m, name).data = getattr(m, name).data[rows].contiguous()
+    if out is not None:
+        before.append(out.weight.data)
+        cols = (orders["v"] + widths["v"] * torch.arange(h)[:, None]).flatten()
+        out.weight.data = out.weight.data[:, cols].contiguous()
 
     def undo() -> None:
-        for (m, name), data in zip(tensors, before):
+        for (m, name, _), data in zip(tensors, before):
             getattr(m, name).data = data
+        if out is not None:
+            out.weight.data = before[-1]
 
     return undo
 
@@ -645,7 +721,7 @@ def _rewrite_mha(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] 
         qkv.bias = nn.Parameter(_rows_head_major(mha.in_proj_bias.detach(), heads))
     block = nn.Module()
     block.qkv, block.heads, block.out_proj = qkv, HeadAttention(heads, e // heads, e // heads, None, True), mha.out_proj
-    _qk_by_importance([(qkv, None)], block.heads)  # a new projection: nothing to undo
+    undo = _widths_by_importance([(qkv, None)], block.heads, block.out_proj)  # out_proj's columns, too
     set_attr(gm, node.target, block)
     with gm.graph.inserting_after(node):
         a = gm.graph.call_module(f"{node.target}.qkv", (args[0],))
@@ -656,7 +732,7 @@ def _rewrite_mha(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] 
     for u in users:
         if u.args[1] == 0:
             u.replace_all_uses_with(out)
-    return [lambda: set_attr(gm, node.target, mha)]
+    return [undo, lambda: set_attr(gm, node.target, mha)]
 
 
 def _free_name(gm: fx.GraphModule, name: str) -> str:

@@ -133,7 +133,10 @@ class ShapeModel:
     its channel group. Deducing once per resolution and once per width choice gives, per
     dimension, a factor for each choice; a shape is the product of the factors of the
     architecture's choices (exact for dimensions that one variable sets, and for products of
-    such, as a flatten of channels x height x width).
+    such, as a flatten of channels x height x width). Where two variables set one dimension as a
+    sum (a fused qkv projection's rows per head: 2 x q/k width + value width), a deduction with
+    both at their smallest tells, and every pair of their choices is deduced: a correction factor
+    per pair.
     """
 
     def __init__(self, sn: SuperNet):
@@ -158,11 +161,49 @@ class ShapeModel:
                     if changed:
                         self.factors[name].setdefault(var.name, {})[c] = changed
         self.res_dep = {name: len({self.base[r][name] for r in self.resolutions}) > 1 for name in ref}
+        # node -> (variable a, variable b) -> (choice of a, choice of b) -> [(dim, correction)]
+        self.pairs: dict[str, dict[tuple[str, str], dict[tuple, list[tuple[int, float]]]]] = {}
+        for a, b in self._shared_dims():
+            smallest = {a: sn.space[a].choices[0], b: sn.space[b].choices[0]}
+            if self._exact(_deduce(sn, {**top, **smallest}), {**top, **smallest}):
+                continue
+            for ca in sn.space[a].choices[:-1]:
+                for cb in sn.space[b].choices[:-1]:
+                    pick = {a: ca, b: cb}
+                    for name, shape in _deduce(sn, {**top, **pick}).items():
+                        fixes = [(d, x / y) for d, (x, y) in enumerate(zip(shape, self._product(name, {**top, **pick})))
+                                 if x != y]
+                        if fixes:
+                            self.pairs.setdefault(name, {}).setdefault((a, b), {})[(ca, cb)] = fixes
 
-    def shape(self, name: str, arch: Arch) -> Shape:
+    def _shared_dims(self) -> list[tuple[str, str]]:
+        """The pairs of variables that both scale one dimension of some node."""
+        pairs: set[tuple[str, str]] = set()
+        for per_var in self.factors.values():
+            by_dim: dict[int, set[str]] = {}
+            for var, per_choice in per_var.items():
+                for changes in per_choice.values():
+                    for d, _ in changes:
+                        by_dim.setdefault(d, set()).add(var)
+            for names in by_dim.values():
+                pairs.update((a, b) for a in names for b in names if a < b)
+        return sorted(pairs)
+
+    def _exact(self, shapes: dict[str, Shape], arch: Arch) -> bool:
+        return all(self._product(name, arch) == shape for name, shape in shapes.items())
+
+    def _product(self, name: str, arch: Arch) -> Shape:
+        """The shape of ``name`` as the product of single-variable factors."""
         dims = list(self.base[arch.get("resolution") if self.r_max is not None else None][name])
         for var, per_choice in self.factors[name].items():
             for d, f in per_choice.get(arch[var], ()):
+                dims[d] *= f
+        return tuple(int(round(x)) for x in dims)
+
+    def shape(self, name: str, arch: Arch) -> Shape:
+        dims = list(self._product(name, arch))
+        for (a, b), per_pair in self.pairs.get(name, {}).items():
+            for d, f in per_pair.get((arch[a], arch[b]), ()):
                 dims[d] *= f
         return tuple(int(round(x)) for x in dims)
 
