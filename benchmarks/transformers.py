@@ -10,8 +10,8 @@ batch 1, with the default space (no config):
 
 * compile time (one compile, from the user's module);
 * modifications, log10 of the exact number of distinct SubNets, and the variables per kind
-  (``heads``, ``qk``: q/k features per head, ``embedding``, ``width``: the MLP's hidden width and
-  other widths, ``depth``, ``resolution``);
+  (``heads``, ``qk``: q/k features per head, ``v``: value features per head, ``embedding``,
+  ``width``: the MLP's hidden width and other widths, ``depth``, ``resolution``);
 * the largest SubNet against the model: max |SuperNet(max) - model| / max |model|;
 * one random SubNet: the extracted module against the SuperNet (max abs difference), then
   exported with ``autotailor.deploy.export_onnx`` and run in ONNX Runtime, and with
@@ -19,9 +19,10 @@ batch 1, with the default space (no config):
   why the model does not convert);
 * what the compiler said about resolutions it dropped (why the model does not run at them).
 
-``DENSE`` rows compile the models named there again with four choices, instead of three, for
-the heads and the q/k width per attention (``DENSE_CONFIG``): a space of the paper's Table 3
-size from two lines of TOML.
+Rows named ``MODEL+SPACE`` compile a model again in a denser space of ``SPACES``: ``dense``, four
+choices instead of three for the heads, q/k and value widths of every attention; ``fine``, eighths
+of the model's size for every variable of LeViT's attention and MLP blocks and for the embedding
+(the paper's Table 3 counts its LeViT space at 324 modifications and 10^45 SubNets).
 
 The Markdown ends with the latency predictor's figures for DeiT-tiny and LeViT-128S, read from
 ``results/latency_predictor.json``; they are measured by::
@@ -59,11 +60,21 @@ MODELS = ("torchvision:vit_b_16", "torchvision:vit_b_32", "torchvision:swin_t", 
           "torchvision:maxvit_t", "timm:vit_tiny_patch16_224", "timm:deit_tiny_patch16_224",
           "timm:swin_tiny_patch4_window7_224", "timm:levit_128s", "timm:levit_384", "timm:efficientvit_b0",
           "timm:mobilevitv2_050")
-KINDS = ("heads", "qk", "embedding", "width", "depth", "resolution")
-DENSE_CONFIG = ("[var.block_vars]\nAttentionBlock.heads_ratio = [0.25, 0.5, 0.75, 1.0]\n"
-                "AttentionBlock.qk_ratio = [0.25, 0.5, 0.75, 1.0]\n")
-DENSE = ("torchvision:vit_b_16", "timm:levit_384")
-ROWS = MODELS + tuple(f"{spec}+dense" for spec in DENSE)
+KINDS = ("heads", "qk", "v", "embedding", "width", "depth", "resolution")
+
+
+def _space(ratios: str, templates: tuple[str, ...], keys: tuple[str, ...], embed: bool = False) -> str:
+    lines = (["[var.global_vars]", f"embed_ratio = {ratios}"] if embed else []) + ["[var.block_vars]"]
+    return "\n".join(lines + [f"{t}.{k} = {ratios}" for t in templates for k in keys]) + "\n"
+
+
+# LeViT's MLPs are residual Linear + BatchNorm blocks (ResidualBlock); its subsampling attention
+# between stages is a BranchBlock.
+SPACES = {"dense": _space("[0.25, 0.5, 0.75, 1.0]", ("AttentionBlock",), ("heads_ratio", "qk_ratio", "v_ratio")),
+          "fine": _space("[0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]", ("AttentionBlock", "BranchBlock"),
+                         ("heads_ratio", "qk_ratio", "v_ratio"), embed=True)
+          + "ResidualBlock.expand_ratio = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]\n"}
+ROWS = MODELS + ("torchvision:vit_b_16+dense", "timm:levit_384+dense", "timm:levit_384+fine")
 
 
 class _Said(logging.Handler):
@@ -76,7 +87,7 @@ class _Said(logging.Handler):
 
 
 def measure(row_name: str) -> dict:
-    spec, dense = row_name.removesuffix("+dense"), row_name.endswith("+dense")
+    spec, _, space = row_name.partition("+")
     torch.manual_seed(0)
     model = well_conditioned(load_model(spec)).eval()
     x = torch.randn(1, 3, 224, 224)
@@ -84,7 +95,7 @@ def measure(row_name: str) -> dict:
     logging.getLogger("autotailor").addHandler(said)
     try:
         started = time.perf_counter()
-        sn = at.compile(model, x, config=DENSE_CONFIG if dense else None)
+        sn = at.compile(model, x, config=SPACES[space] if space else None)
         seconds = time.perf_counter() - started
     finally:
         logging.getLogger("autotailor").removeHandler(said)
@@ -131,15 +142,15 @@ def report(state: State, command: str) -> None:
     lines = ["# Vision transformers compiled (default space, 224 px)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchvision {m['torchvision']}, "
              f"timm {m['timm']}, onnxruntime {m['onnxruntime']}; commit {commit}. Command: `{command}`.", "",
-             "| model | modifications | log10 SubNets | heads | q/k | embedding | width | depth | resolution | "
+             "| model | modifications | log10 SubNets | heads | q/k | v | embedding | width | depth | resolution | "
              "compile (s) | max arch rel. err | extracted vs SuperNet | ONNX Runtime rel. err | NCNN fp32 rel. err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for spec in ROWS:
         r = state.get(spec)
         if r is None:
             continue
         if "error" in r:
-            lines.append(f"| {spec} | fails: {r['error']} |" + " |" * 12)
+            lines.append(f"| {spec} | fails: {r['error']} |" + " |" * 13)
             continue
         k = {x: r["kinds"].get(x, 0) for x in KINDS}
         onnx = f"{r['onnx_rel_err']:.1e}" if "onnx_rel_err" in r else f"fails: {r['onnx_error']}"
@@ -148,9 +159,8 @@ def report(state: State, command: str) -> None:
                      + " | ".join(str(k[x]) for x in KINDS)
                      + f" | {r['seconds']:.2f} | {r['max_arch_rel_err']:.1e} | {r['extract_max_abs_diff']:.1e} | "
                        f"{onnx} | {ncnn} |")
-    dense = "; ".join(DENSE_CONFIG.strip().splitlines()[1:])
-    lines += ["", f"`+dense`: compiled with `{dense}` (`[var.block_vars]`) in place of the default space's "
-              "three choices each."]
+    lines += [""] + [f"`+{name}`: compiled with `{'; '.join(config.strip().splitlines())}`." for name, config in
+                     SPACES.items()]
     lines += _latency_lines()
     said = [(spec, s) for spec in MODELS for s in (state.get(spec, "said") or [])]
     if said:
@@ -191,7 +201,7 @@ def _latency_lines() -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(ROWS), help="models, or MODEL+dense for the denser space")
+    p.add_argument("--models", default=",".join(ROWS), help=f"models, or MODEL+SPACE for a denser space ({', '.join(SPACES)})")
     p.add_argument("--work", default=str(HERE / "work" / "transformers"))
     p.add_argument("--again", action="store_true", help="measure models already in the state again")
     args = p.parse_args()

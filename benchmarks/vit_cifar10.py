@@ -78,7 +78,8 @@ STEPS_PER_EPOCH = 782  # batches of 64 in CIFAR-10's 50,000 training images
 RECIPE = ["--subnets", "4", "--optimizer", "adamw", "--lr", "5e-4", "--weight-decay", "0.05", "--label-smoothing",
           "0.1"]
 WARMUP = 200
-SPACE = "[var.block_vars]\nAttentionBlock.qk_ratio = [1.0]\n"
+# The space its kept tuned weights and committed results were made in: no q/k or value width.
+SPACE = "[var.block_vars]\nAttentionBlock.qk_ratio = [1.0]\nAttentionBlock.v_ratio = [1.0]\n"
 TUNED = "vit_c32_cifar10_tuned.fp16.pt"  # tuning_schedules.tuned_artifact's naming, schedule "tuned"
 TUNED_INFO = "vit_c32_cifar10_tuned.json"
 SNAPSHOT = "vit_c32_cifar10_tuned.ckpt0.pt"
