@@ -31,7 +31,9 @@ ONNX Runtime (1 thread) in two passes, each timing beside a reading of the refer
 so that the machine's drift cancels (``DeviceSetup.time_deployed``; latencies are at the
 speed the LUT was built at). Compared: accuracy at equal latency (each baseline model against
 the most accurate AutoTailor SubNet no slower) and latency at equal accuracy (against the
-fastest AutoTailor SubNet at least as accurate). The state is kept in
+fastest AutoTailor SubNet at least as accurate). Each method's costs (the paper's Fig. 15):
+training in image-steps and CPU-minutes, latency profiling, accuracy evaluations and search
+(``costs``). The state is kept in
 ``benchmarks/work/baselines/state.json``, so an interrupted run resumes. Results:
 ``benchmarks/results/baselines.{json,md,png}``.
 """
@@ -39,6 +41,7 @@ fastest AutoTailor SubNet at least as accurate). The state is kept in
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -306,6 +309,53 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
     return rows
 
 
+# CPU-minutes of the training that made each method's kept weights, as benchmarks/artifacts/README.md
+# records them (1 thread of an AMD EPYC vCPU, beside other work); the runs here load those weights.
+TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60", ("mobilenet_v2", "autotailor"): "about 60",
+                 ("resnet18", "nestdnn"): "about 75 (5 x ~15)", ("mobilenet_v2", "nestdnn"): "20-60 (5 x 4-12)",
+                 ("resnet18", "adaptivenet"): "116", ("mobilenet_v2", "adaptivenet"): "about 80"}
+
+
+def costs(state: State, model: str, work: Path) -> list[dict]:
+    """What each method spent (the paper's Fig. 15): training, in image-steps (images times
+    networks trained on them: equal by design) and CPU-minutes as recorded; latency profiling;
+    accuracy evaluations; search."""
+    import sqlite3
+
+    folder = work / model / "autotailor"
+    rows = []
+    if (folder / "sensitivity.json").is_file() and (folder / "search.json").is_file():
+        sens = json.loads((folder / "sensitivity.json").read_text())
+        search = json.loads((folder / "search.json").read_text())
+        finalists = json.loads((folder / "finalists.json").read_text()) if (folder / "finalists.json").is_file() else {}
+        with sqlite3.connect(folder / "latency.sqlite") as db:  # the LUT's kernels, both passes
+            kernels, first, last = db.execute("SELECT COUNT(*), MIN(measured_at), MAX(measured_at) FROM entries "
+                                              "WHERE target IN (SELECT id FROM targets WHERE settings NOT LIKE "
+                                              "'%\"model\"%')").fetchone()
+        rows.append({"method": "AutoTailor", "image_steps": STEPS * tuning_schedules.BATCH * 4,
+                     "profiling": f"{kernels} kernel timings in {last - first:.0f} s",
+                     "evaluations": f"{len(sens['deltas']) + 1} SubNets on {sens['validation_images']} images "
+                                    f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
+                     "search": f"{search['seconds']:.1f} s, {search['predictions']} predictions, "
+                               f"{search['verify_rounds']} verify rounds"})
+    nest = state.get(model, "nestdnn") or {}
+    if nest:
+        rows.append({"method": "NestDNN*", "image_steps": sum(p["steps"] for p in nest.values()) * train_base.BATCH,
+                     "profiling": "none", "evaluations": f"{len(nest)} pruned models", "search": "none (one model a ratio)"})
+    found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
+    table = state.get(model, "adaptivenet_table") or {}
+    if found:
+        rows.append({"method": "AdaptiveNet-style", "image_steps": ADAPTIVENET_STEPS * train_base.BATCH,
+                     "profiling": f"{len(table) - 2} block timings",
+                     "evaluations": f"{max(p['evaluations'] for p in found)} paths on the validation images",
+                     "search": f"{sum(p['search_cpu_seconds'] for p in found):.0f} CPU-s of Nearby search "
+                               "(evaluations included)"})
+    key = {"AutoTailor": "autotailor", "NestDNN*": "nestdnn", "AdaptiveNet-style": "adaptivenet"}
+    for r in rows:
+        r["train_cpu_minutes"] = TRAIN_MINUTES.get((model, key[r["method"]]), "not recorded")
+    return rows
+
+
 BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
              "adaptivenet": ("AdaptiveNet budget", lambda p: f"{p['budget_ms']:.3g} ms")}
 
@@ -351,6 +401,13 @@ def report(state: State) -> None:
         for key, a in sorted(state.get(model, "autotailor").items(), key=lambda kv: kv[1].get("latency_ms", 0)):
             lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} % | "
                          f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M |")
+        spent = costs(state, model, state.path.parent)
+        summary.setdefault(model, {})["costs"] = spent
+        lines += ["", "Cost of each (the paper's Fig. 15):", "",
+                  "| method | training: image-steps | training: CPU-minutes (as recorded) | latency profiling | "
+                  "accuracy evaluations | search |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['image_steps']:,} | {r['train_cpu_minutes']} | {r['profiling']} | "
+                  f"{r['evaluations']} | {r['search']} |" for r in spent]
         lines.append("")
     lines += ["The paper's Fig. 13 (ImageNet; phones and Jetsons; against AdaptiveNet): "
               + "; ".join(f"{k}: {v['accuracy_pts']:+.2f} pts, {v['latency_pct']:+.2f} % latency"
