@@ -305,59 +305,47 @@ def test_attention_kernels_are_enumerated_per_head_count_and_costs_are_counted_e
     assert costs.costs(sn.space.max()).macs - costs.costs(smaller).macs == 4 * 17 * 17 * 6 + 4 * 17 * 48 * 12
 
 
-def test_a_narrower_query_and_key_is_the_model_with_those_features_left_out() -> None:
+def _zero_dropped(attn: nn.Module, kind: str, d: int) -> None:
+    """Zero the qkv rows (rows [q, k, v][head][12] of 4 heads) whose features the kind drops,
+    keeping in each head the ``d`` most important: q/k features by the product of their q and k
+    rows' norms; values by their v row's norm times the output projection's column's."""
+    norms = attn.qkv.weight.reshape(3, 4, 12, 48).norm(dim=-1)
+    if kind == "qk":
+        score, parts = norms[0] * norms[1], (0, 1)
+    else:
+        score, parts = norms[2] * attn.proj.weight.norm(dim=0).reshape(4, 12), (2,)
+    kept = score.argsort(dim=1, descending=True)[:, :d]
+    rows = [p * 48 + h * 12 + j for p in parts for h in range(4) for j in range(12) if j not in kept[h]]
+    attn.qkv.weight[rows] = 0
+    attn.qkv.bias[rows] = 0
+
+
+@pytest.mark.parametrize("kind", ["qk", "v"])
+def test_a_narrower_query_key_or_value_is_the_model_with_those_features_left_out(kind) -> None:
     """Keeping d of each head's q/k features computes the truncated dot product at the model's
-    scale: the model with the other q features zeroed. The d kept are those whose q and k rows
-    have the largest product of norms."""
+    scale: the model with the other q and k features zeroed. Keeping d of its value features
+    keeps those v rows and the output projection's columns that read them: the model with the
+    other v rows zeroed. The d kept are the most important (``_zero_dropped``)."""
     model = timm_vit()
     x = torch.randn(2, 3, 32, 32)
     sn = at.compile(model, x[:1], config=CONFIG).eval()
-    qk = [v.name for v in sn.space.variables if v.kind == "qk"]
-    arch = {qk[0]: 6, qk[2]: 9}
+    names = [v.name for v in sn.space.variables if v.kind == kind]
+    arch = {names[0]: 6, names[2]: 9}
     net = sn.extract(arch)
     reference = timm_vit()
     with torch.no_grad():
         for layer, d in ((0, 6), (2, 9)):
-            qkv = reference.blocks[layer].attn.qkv  # rows [q, k, v][head][12]
-            norms = qkv.weight.reshape(3, 4, 12, 48).norm(dim=-1)
-            kept = (norms[0] * norms[1]).argsort(dim=1, descending=True)[:, :d]
-            rows = [h * 12 + j for h in range(4) for j in range(12) if j not in kept[h]]
-            qkv.weight[rows] = 0
-            qkv.bias[rows] = 0
-        assert torch.allclose(net(x), reference(x), atol=1e-5)
-        assert (net(x) - model(x)).abs().max() > 2e-4  # the truncation changes the output
-        sn.set_arch(arch)
-        assert torch.equal(sn(x), net(x))
-    rows = [m.out_features for n, m in net.named_modules() if n.endswith("qkv")]
-    assert rows == [4 * (6 + 6 + 12), 4 * 36, 4 * (9 + 9 + 12)]
-
-
-def test_a_narrower_value_is_the_model_with_those_features_left_out() -> None:
-    """Keeping dv of each head's value features: the value projection keeps those rows and the
-    output projection the columns that read them, those whose v row and output column have the
-    largest product of norms: the model with the other v rows zeroed."""
-    model = timm_vit()
-    x = torch.randn(2, 3, 32, 32)
-    sn = at.compile(model, x[:1], config=CONFIG).eval()
-    values = [v.name for v in sn.space.variables if v.kind == "v"]
-    arch = {values[0]: 6, values[2]: 9}
-    net = sn.extract(arch)
-    reference = timm_vit()
-    with torch.no_grad():
-        for layer, dv in ((0, 6), (2, 9)):
-            attn = reference.blocks[layer].attn  # qkv rows [q, k, v][head][12]; proj columns [head][12]
-            norms = attn.qkv.weight[96:].norm(dim=-1).reshape(4, 12) * attn.proj.weight.norm(dim=0).reshape(4, 12)
-            kept = norms.argsort(dim=1, descending=True)[:, :dv]
-            rows = [96 + h * 12 + j for h in range(4) for j in range(12) if j not in kept[h]]
-            attn.qkv.weight[rows] = 0
-            attn.qkv.bias[rows] = 0
+            _zero_dropped(reference.blocks[layer].attn, kind, d)
         assert torch.allclose(net(x), reference(x), atol=1e-5)
         assert (net(x) - model(x)).abs().max() > 2e-4  # the narrowing changes the output
         sn.set_arch(arch)
         assert torch.equal(sn(x), net(x))
     qkv = [m.out_features for n, m in net.named_modules() if n.endswith("qkv")]
     proj = [m.in_features for n, m in net.named_modules() if n.endswith("attn_proj")]
-    assert qkv == [4 * (12 + 12 + 6), 4 * 36, 4 * (12 + 12 + 9)] and proj == [4 * 6, 4 * 12, 4 * 9], (qkv, proj)
+    if kind == "qk":
+        assert qkv == [4 * (6 + 6 + 12), 4 * 36, 4 * (9 + 9 + 12)] and proj == [48] * 3
+    else:
+        assert qkv == [4 * (12 + 12 + 6), 4 * 36, 4 * (12 + 12 + 9)] and proj == [4 * 6, 4 * 12, 4 * 9]
 
 
 def test_a_vit_that_resamples_its_position_embedding_gets_resolution_and_embedding() -> None:

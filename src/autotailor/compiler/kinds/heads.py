@@ -23,31 +23,61 @@ from autotailor.ir.ops.attention import DynHeadBatchNorm1d, DynHeadProjection, H
 log = logging.getLogger(__name__)
 
 
-@register_kind
-class Heads(RatioKind):
-    name = "heads"
-    settings = {"block_vars": "heads_ratio"}
+class AttentionKind(RatioKind):
+    """A kind with one variable per attention, ``blockN.SUFFIX``, whose choices are ratios (under
+    ``settings``' key) of a size of the attention's; ``fixed`` says why an attention gets none,
+    ``bind`` ties the variable to the operators it sets besides the attention."""
+
+    field: str  # the attention operator's feature field the variable sets
+    suffix: str  # the variable's name in its block
+    what: str  # what the size is, for the log
+
+    def size(self, core: HeadAttention) -> int:
+        return getattr(core, self.field)
+
+    def fixed(self, ctx: PlanContext, node: fx.Node, core: HeadAttention) -> str | None:
+        raise NotImplementedError
+
+    def bind(self, ctx: PlanContext, node: fx.Node, core: HeadAttention, name: str) -> None:
+        raise NotImplementedError
 
     def plan(self, ctx: PlanContext) -> None:
         for node, core in attentions(ctx):
-            groups = tuple(g for g in ctx.groups if g.split_by == node.name)
-            # Per-head tables (role "param") are reordered with the heads, not sliced.
-            members = [(g, m) for g in groups for m in g.members if m.node != node.name and m.role != "param"]
-            why = next((g.fixed for g in groups if g.fixed), None) or next(
-                (f"{m.node} cannot be sliced" for _, m in members if ctx.nodes[m.node].op != "call_module"
-                 or for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).dynamic is None), None)
+            why = self.fixed(ctx, node, core)
             if why is not None:
-                log.info("%s keeps its %d heads: %s", node.name, core.num_heads, why)
+                log.info("%s keeps its %s of %d: %s", node.name, self.what, self.size(core), why)
                 continue
-            name = add_block_variable(ctx, node, self.name, "heads_ratio", core.num_heads, "num_heads")
-            if name is None:
-                continue
-            ctx.reorder.append(groups)
-            ctx.bindings.append(Binding(node.name, "num_heads", name))
-            for g, m in members:
-                in_field, out_field = for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).dynamic.group_fields
-                fields = {in_field} if m.role == "in" else {out_field} if m.role == "out" else {in_field, out_field}
-                ctx.bindings += [Binding(m.node, f, name, unit=g.granularity) for f in sorted(fields)]
+            name = add_block_variable(ctx, node, self.name, self.settings["block_vars"], self.size(core), self.suffix)
+            if name is not None:
+                ctx.bindings.append(Binding(node.name, self.field, name))
+                self.bind(ctx, node, core, name)
+
+
+@register_kind
+class Heads(AttentionKind):
+    name = "heads"
+    settings = {"block_vars": "heads_ratio"}
+    field = suffix = "num_heads"
+    what = "heads"
+
+    def _members(self, ctx: PlanContext, node: fx.Node) -> tuple[tuple, list]:
+        groups = tuple(g for g in ctx.groups if g.split_by == node.name)
+        # Per-head tables (role "param") are reordered with the heads, not sliced.
+        return groups, [(g, m) for g in groups for m in g.members if m.node != node.name and m.role != "param"]
+
+    def fixed(self, ctx: PlanContext, node: fx.Node, core: HeadAttention) -> str | None:
+        groups, members = self._members(ctx, node)
+        return next((g.fixed for g in groups if g.fixed), None) or next(
+            (f"{m.node} cannot be sliced" for _, m in members if ctx.nodes[m.node].op != "call_module"
+             or for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).dynamic is None), None)
+
+    def bind(self, ctx: PlanContext, node: fx.Node, core: HeadAttention, name: str) -> None:
+        groups, members = self._members(ctx, node)
+        ctx.reorder.append(groups)
+        for g, m in members:
+            in_field, out_field = for_module(ctx.gm.get_submodule(ctx.nodes[m.node].target)).dynamic.group_fields
+            fields = {in_field} if m.role == "in" else {out_field} if m.role == "out" else {in_field, out_field}
+            ctx.bindings += [Binding(m.node, f, name, unit=g.granularity) for f in sorted(fields)]
 
 
 def attentions(ctx: PlanContext) -> Iterator[tuple[fx.Node, HeadAttention]]:
