@@ -6,6 +6,9 @@ count (``var.block_vars.TEMPLATE.heads_ratio`` gives the counts as ratios of the
 slices whole heads: the rows of the q/k/v projections, the columns of the output projection
 and the operator's head count, after the heads were reordered by importance (one order for
 all of them), so the first ``h`` heads are the best ``h``.
+
+It also holds what the attention kinds share (``qk``, ``v``): ``AttentionKind``, one variable
+per attention, and the projections whose rows they slice within heads.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def add_block_variable(ctx: PlanContext, node: fx.Node, kind: str, key: str, siz
     return name
 
 
-def projections(ctx: PlanContext, node: fx.Node, core: HeadAttention, roles: set[str]) -> list[tuple[fx.Node, tuple[str, ...]]]:
+def projections(node: fx.Node, core: HeadAttention, roles: set[str]) -> list[tuple[fx.Node, tuple[str, ...]]]:
     """The projections of the attention at ``node`` whose rows hold one of ``roles`` ("q", "k",
     "v"): (the node the attention reads, the roles of its rows per head)."""
     sources = [a for a in node.args if isinstance(a, fx.Node)]
@@ -128,7 +131,7 @@ def lift_projections(ctx: PlanContext, node: fx.Node, core: HeadAttention, roles
     """Make each projection holding ``roles`` a ``DynHeadProjection`` (LeViT's BatchNorm after it a
     ``DynHeadBatchNorm1d``) whose ``field`` reads variable ``name``. The qk and v kinds lift the
     same projection alike, each binding its own field."""
-    for p, held in projections(ctx, node, core, roles):
+    for p, held in projections(node, core, roles):
         pair = linear_norm(ctx.gm, p)
         for layer, dynamic in zip(pair or (p,), (DynHeadProjection, DynHeadBatchNorm1d)):
             ctx.lifts[layer.name] = dynamic.lifted(core, held)

@@ -30,7 +30,7 @@ class QkDim(AttentionKind):
     def fixed(self, ctx: PlanContext, node: fx.Node, core: HeadAttention) -> str | None:
         if not isinstance(core.q_norm, nn.Identity) or not isinstance(core.k_norm, nn.Identity):
             return "its queries and keys are normalised per head"
-        why = next((w for p, _ in projections(ctx, node, core, {"q", "k"}) if (w := projection_fixed(ctx, p))), None)
+        why = next((w for p, _ in projections(node, core, {"q", "k"}) if (w := projection_fixed(ctx, p))), None)
         return why or next((g.fixed for g in ctx.groups if g.split_by == node.name and g.fixed), None)
 
     def bind(self, ctx: PlanContext, node: fx.Node, core: HeadAttention, name: str) -> None:

@@ -30,7 +30,7 @@ class VDim(AttentionKind):
     def fixed(self, ctx: PlanContext, node: fx.Node, core: HeadAttention) -> str | None:
         if output_projection(ctx.gm, node) is None:
             return "its merged heads do not reach one Linear alone"
-        why = next((w for p, _ in projections(ctx, node, core, {"v"}) if (w := projection_fixed(ctx, p))), None)
+        why = next((w for p, _ in projections(node, core, {"v"}) if (w := projection_fixed(ctx, p))), None)
         return why or next((g.fixed for g in ctx.groups if g.split_by == node.name and g.fixed), None)
 
     def bind(self, ctx: PlanContext, node: fx.Node, core: HeadAttention, name: str) -> None:

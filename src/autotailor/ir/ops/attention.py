@@ -201,10 +201,9 @@ class HeadAttentionHandler(OpHandler):
         return b * n * m * (queries + values), facts["params"]
 
 
-def head_widths(core: HeadAttention, head_dim: int | None = None, v_dim: int | None = None) -> dict[str, int]:
-    """The width of each role's rows per head: the model's, or ``head_dim``/``v_dim`` where given."""
-    d, dv = head_dim or core.head_dim, v_dim or core.v_dim
-    return {"q": d, "k": d, "v": dv}
+def head_widths(core: HeadAttention) -> dict[str, int]:
+    """The model's width of each role's rows per head."""
+    return {"q": core.head_dim, "k": core.head_dim, "v": core.v_dim}
 
 
 @dataclass(frozen=True)
