@@ -344,7 +344,7 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
             kernels, first, last = db.execute("SELECT COUNT(*), MIN(measured_at), MAX(measured_at) FROM entries "
                                               "WHERE target IN (SELECT id FROM targets WHERE settings NOT LIKE "
                                               "'%\"model\"%')").fetchone()
-        rows.append({"method": "AutoTailor", "image_steps": STEPS * tuning_schedules.BATCH * 4,
+        rows.append({"key": "autotailor", "method": "AutoTailor", "image_steps": STEPS * tuning_schedules.BATCH * 4,
                      "profiling": f"{kernels} kernel timings in {last - first:.0f} s",
                      "evaluations": f"{len(sens['deltas']) + 1} SubNets on {sens['validation_images']} images "
                                     f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
@@ -352,20 +352,17 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                                f"{search['verify_rounds']} verify rounds"})
     nest = state.get(model, "nestdnn") or {}
     if nest:
-        rows.append({"method": "NestDNN*", "image_steps": sum(p["steps"] for p in nest.values()) * train_base.BATCH,
+        rows.append({"key": "nestdnn", "method": "NestDNN*", "image_steps": sum(p["steps"] for p in nest.values()) * train_base.BATCH,
                      "profiling": "none", "evaluations": f"{len(nest)} pruned models", "search": "none (one model a ratio)"})
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
     table = state.get(model, "adaptivenet_table") or {}
     if found:
-        rows.append({"method": "AdaptiveNet-style", "image_steps": ADAPTIVENET_STEPS * train_base.BATCH,
+        rows.append({"key": "adaptivenet", "method": "AdaptiveNet-style", "image_steps": ADAPTIVENET_STEPS * train_base.BATCH,
                      "profiling": f"{len(table) - 2} block timings",
                      "evaluations": f"{max(p['evaluations'] for p in found)} paths on the validation images",
                      "search": f"{sum(p['search_cpu_seconds'] for p in found):.0f} CPU-s of Nearby search "
                                "(evaluations included)"})
-    key = {"AutoTailor": "autotailor", "NestDNN*": "nestdnn", "AdaptiveNet-style": "adaptivenet"}
-    for r in rows:
-        r["train_cpu_minutes"] = TRAIN_MINUTES.get((model, key[r["method"]]), "not recorded")
-    return rows
+    return [{**r, "train_cpu_minutes": TRAIN_MINUTES.get((model, r["key"]), "not recorded")} for r in rows]
 
 
 BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
