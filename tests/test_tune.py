@@ -3,6 +3,8 @@ interrupted run resumes to exactly the weights of an uninterrupted one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -57,9 +59,12 @@ def test_training_then_tuning_learns_and_evaluation_restores_statistics(digits) 
     assert top > 0.7 and small > untuned_small, (top, small, untuned_small)
 
 
-def test_interrupted_tuning_resumes_exactly(digits, tmp_path) -> None:
+@pytest.mark.parametrize("teacher", ["largest", "original"])
+def test_interrupted_tuning_resumes_exactly(digits, tmp_path, teacher: str) -> None:
+    # with the original model as teacher, the resumed run teaches with the SuperNet it was given
+    # (the weights tuning started from), not with those it resumed
     train, _ = digits
-    config = TuneConfig(steps=6, checkpoint_every=2, lr=0.05)
+    config = TuneConfig(steps=6, checkpoint_every=2, lr=0.05, teacher=teacher)
 
     def loader() -> BatchLoader:
         return BatchLoader(train, 32, train=True, resolution=16, seed=1)
@@ -84,12 +89,17 @@ def test_interrupted_tuning_resumes_exactly(digits, tmp_path) -> None:
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     with pytest.raises(at.AutoTailorError, match="was written with other settings"):
-        Tuner(_supernet(), loader(), TuneConfig(steps=7, checkpoint_every=2), ckpt).resume()
+        Tuner(_supernet(), loader(), TuneConfig(steps=7, checkpoint_every=2, teacher=teacher), ckpt).resume()
+    other = _supernet()  # the two teachers train differently
+    Tuner(other, loader(), dataclasses.replace(config, teacher={"largest": "original"}.get(teacher, "largest"))).run()
+    assert any(not torch.equal(a, b) for a, b in zip(other.state_dict().values(), straight.state_dict().values()))
 
 
 def test_tune_config_errors() -> None:
     with pytest.raises(at.AutoTailorError, match="tune.optimizer = 'adam' is not allowed; expected one of"):
         TuneConfig(optimizer="adam")
+    with pytest.raises(at.AutoTailorError, match=r"tune.teacher = 'base' is not allowed; expected one of \('largest', 'original'\)"):
+        TuneConfig(teacher="base")
 
 
 def test_settings_come_from_the_config_and_the_command_line_wins() -> None:

@@ -80,7 +80,7 @@ def _settings(cls, section: str, args: argparse.Namespace, values: dict[str, obj
 
 
 _TUNE_FLAGS = ("steps", "subnets", "optimizer", "lr", "weight_decay", "warmup_steps", "label_smoothing", "seed",
-               "checkpoint_every")
+               "checkpoint_every", "teacher")
 
 
 def _run_tuning(args: argparse.Namespace, subnets: int | None, name: str) -> int:
@@ -370,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="fine-tune the SuperNet so that every SubNet stays accurate")
     _add_tuning_args(p)
     p.add_argument("--subnets", type=int, help="SubNets per step: the largest, the smallest, random ones (4)")
+    p.add_argument("--teacher", choices=("largest", "original"),
+                   help="who teaches the SubNets: the step's largest SubNet (largest) or the model as tuning found it "
+                        "(original)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("evaluate", help="accuracy of one SubNet, with BatchNorm recalibrated for it")

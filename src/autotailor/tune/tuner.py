@@ -17,6 +17,7 @@ process writes checkpoints.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -39,6 +40,7 @@ from autotailor.supernet import Arch, SuperNet
 log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "adamw")
+TEACHERS = ("largest", "original")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,11 @@ class TuneConfig:
     warmup_steps: int = 0
     label_smoothing: float = 0.1
     distill: bool = True
+    # "largest": the largest SubNet of the step teaches the others (in-place distillation);
+    # "original": the largest SubNet of the SuperNet given to the Tuner (before resuming: the
+    # weights tuning started from), frozen, teaches every SubNet, the largest included, each
+    # loss the mean of the labels' and the teacher's (Once-for-All's knowledge distillation)
+    teacher: str = "largest"
     seed: int = 0
     checkpoint_every: int = 100
 
@@ -66,6 +73,8 @@ class TuneConfig:
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise AutoTailorError(f"tune.optimizer = {self.optimizer!r} is not allowed; expected one of {OPTIMIZERS}")
+        if self.teacher not in TEACHERS:
+            raise AutoTailorError(f"tune.teacher = {self.teacher!r} is not allowed; expected one of {TEACHERS}")
         if self.steps < 1 or self.subnets < 1 or self.checkpoint_every < 1:
             raise AutoTailorError("tune.steps, tune.subnets and tune.checkpoint_every must be >= 1")
         ranges = {"lr": (self.lr, 0.0, math.inf, "a positive number"),
@@ -117,6 +126,16 @@ class Tuner:
         if self.distributed:  # start from rank 0's weights, as DDP does
             for t in (*sn.parameters(), *sn.buffers()):
                 dist.broadcast(t.data, 0)
+        self._teacher = self._frozen_copy(sn) if config.teacher == "original" and config.distill else None
+
+    @staticmethod
+    def _frozen_copy(sn: SuperNet) -> SuperNet:
+        teacher = copy.deepcopy(sn)
+        teacher.set_arch(teacher.space.max())
+        teacher.eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        return teacher
 
     def _lr_factor(self, step: int) -> float:
         c = self.config
@@ -143,13 +162,19 @@ class Tuner:
         archs = self.sample(step)
         total = 0.0
         teacher = None
+        if self._teacher is not None:
+            with torch.no_grad():
+                teacher = self._teacher(at_resolution(x, self._teacher.input_shape()[-1])).softmax(1)
         with torch.random.fork_rng(), self.sn.using(self.sn.arch):
             torch.manual_seed(hash((self.config.seed, step)) % (2**63))
             for j, arch in enumerate(archs):
                 self.sn.set_arch(arch)
                 out = self.sn(at_resolution(x, self.sn.input_shape()[-1]))
-                if j == 0 or not self.config.distill:
-                    loss = F.cross_entropy(out, y, label_smoothing=self.config.label_smoothing)
+                labels = F.cross_entropy(out, y, label_smoothing=self.config.label_smoothing)
+                if self._teacher is not None:
+                    loss = 0.5 * (labels - (teacher * out.log_softmax(1)).sum(1).mean())
+                elif j == 0 or not self.config.distill:
+                    loss = labels
                     if j == 0:
                         teacher = out.detach().softmax(1)
                 else:
