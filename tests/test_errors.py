@@ -138,3 +138,47 @@ def test_a_function_torch_fx_cannot_trace_is_kept_whole(caplog) -> None:
             sn.set_arch({"resolution": r})
             x = torch.randn(2, 3, r, r)
             assert torch.allclose(sn(x), model(x), atol=1e-6) and torch.equal(sn.extract({"resolution": r})(x), sn(x))
+
+
+class _PadsOddSizes(nn.Module):
+    """Layers behind control flow on a size (timm's MobileViT pads to whole patches so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(16, 32, 1)
+        self.project = nn.Conv2d(32, 16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] % 2:
+            x = nn.functional.pad(x, (0, 1, 0, 1))
+        scale = torch.full((1,), 0.5, device=x.device, dtype=x.dtype)  # a device and a dtype read as values
+        return x + scale * self.project(torch.relu(self.expand(x)))[..., : x.shape[-2], : x.shape[-1]]
+
+
+class WithSizeBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.block = _PadsOddSizes()
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.block(self.stem(x)).mean((2, 3)))
+
+
+def test_layers_behind_a_branch_on_a_size_are_traced_at_the_example_size_and_guarded(caplog) -> None:
+    torch.manual_seed(0)
+    model = WithSizeBranch().eval()
+    x = torch.randn(2, 3, 16, 16)
+    sn = at.compile(model, x[:1], config="[var.global_vars]\nresolution = [15, 16]").eval()
+    assert "kept whole" not in caplog.text
+    # traced into: the block's hidden layer is a width variable of its own
+    assert any(v.kind == "width" and v.values[-1] == 32 for v in sn.space.variables)
+    # 15 px would take the other branch: the guard written at the branch drops it
+    assert "resolution(s) [15] dropped" in caplog.text
+    assert "the traced model took one branch at the compiled input size" in caplog.text
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-6)
+        arch = sn.space.min()
+        sn.set_arch(arch)
+        assert torch.equal(sn.extract(arch)(x), sn(x))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import onnxruntime as ort
@@ -99,7 +100,7 @@ def test_dropping_heads_equals_the_model_without_those_heads() -> None:
     assert linear_rows[:3] == [72, 144, 108]  # the qkv projections of 2, 4 and 3 heads of 12 dims
 
 
-@pytest.mark.parametrize("make", ["timm_vit", "torchvision_vit", "tiny_swin", "tiny_levit"])
+@pytest.mark.parametrize("make", ["timm_vit", "torchvision_vit", "tiny_swin", "tiny_torchvision_swin", "tiny_levit"])
 def test_random_transformer_subnets_extract_exactly_and_run_in_onnx_runtime(make, tmp_path) -> None:
     model = globals()[make]()
     size = 64 if make == "tiny_levit" else 32
@@ -176,6 +177,26 @@ def tiny_swin() -> nn.Module:
     with torch.no_grad():  # the first block's last head the most important
         model.layers[0].blocks[0].attn.proj.weight[:, 16:] *= 4
     return model
+
+
+def tiny_torchvision_swin() -> nn.Module:
+    torch.manual_seed(0)
+    return torchvision.models.swin_transformer.SwinTransformer(
+        patch_size=[2, 2], embed_dim=24, depths=[2, 2], num_heads=[3, 6], window_size=[4, 4], num_classes=10).eval()
+
+
+def test_torchvision_swin_whose_attention_is_one_wrapped_function_gets_heads() -> None:
+    # torchvision keeps its window attention out of torch.fx (torch.fx.wrap): traced again on
+    # the example, its layers are seen and the attention recognised, shift masks included
+    model = tiny_torchvision_swin()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    kinds = Counter(v.kind for v in sn.space.variables)
+    assert (kinds["heads"], kinds["qk"], kinds["v"]) == (4, 4, 4)
+    assert [v.choices for v in sn.space.variables if v.kind == "heads"] == [(2, 3), (2, 3), (3, 4, 6), (3, 4, 6)]
+    assert sum(isinstance(m, HeadAttention) for m in sn.modules()) == 4
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-5)
 
 
 def test_swin_heads_take_their_relative_position_biases_along() -> None:
@@ -281,6 +302,32 @@ def test_levit_queries_and_keys_narrow_through_their_batchnorm() -> None:
         assert torch.equal(sn(x), net(x))
     sizes = {n: m.num_features for n, m in net.named_modules() if n.endswith(("qkv_bn", "q_ln_bn", "kv_bn"))}
     assert list(sizes.values()) == [2 * (4 + 4 + 16), 2 * 32, 4 * (6 + 32), 4 * 6, 3 * 32, 3 * (6 + 6 + 16)], sizes
+
+
+def test_levit_linear_and_batchnorm_are_exported_and_profiled_as_one_layer(tmp_path) -> None:
+    # ONNX Runtime runs the flatten, the BatchNorm over tokens and the reshape one by one: the
+    # exporters fold them into the Linear, and the kernels are enumerated so
+    import onnx
+
+    from autotailor.deploy.fold import fold_linear_norms
+    from autotailor.predict.latency import KernelPlan
+
+    sn = at.compile(tiny_levit(), torch.randn(1, 3, 64, 64), config="[var.global_vars]\nresolution = [64]\n").eval()
+    net = sn.extract(sn.space.max()).eval()
+    folded = fold_linear_norms(net)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert (folded(x) - net(x)).abs().max() <= 1e-5 * float(net(x).abs().max())
+    # per stage of two blocks: attention's qkv and output, the MLP's two layers; between them the
+    # subsampling attention's q, kv and output and its MLP's two
+    units = sum(1 for n in net.graph.nodes if n.target == "reshape_as")
+    assert units == 21 and not any(n.target == "reshape_as" for n in folded.graph.nodes)
+    ops = Counter(n.op_type for n in onnx.load(export_onnx(net, tmp_path / "n.onnx", (1, 3, 64, 64))).graph.node)
+    assert ops["BatchNormalization"] == 1  # the head's, before its Linear: nothing to fold it into
+    plan = KernelPlan(sn, "ort-cpu")
+    starts = Counter(plan.by_name[g.nodes[0]].kind for g in plan.groups)
+    # alone: the stem's flatten into tokens and the head's BatchNorm; no reshape_as
+    assert (starts["flatten"], starts["batchnorm1d"], starts["reshape_as"]) == (1, 1, 0)
 
 
 def test_attention_kernels_are_enumerated_per_head_count_and_costs_are_counted_exactly() -> None:

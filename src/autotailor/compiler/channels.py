@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch.fx as fx
 import torch.nn as nn
@@ -49,6 +50,7 @@ class ChannelAnalysis:
         self._env: dict[fx.Node, Track | None] = {}
         self._param_group: dict[str, int] = {}
         self._param_users: dict[str, set[str]] = {}
+        self._deferred: list[Callable[[], None]] = []
 
     # -- union-find over groups -------------------------------------------------------------
     def new_group(self, size: int) -> int:
@@ -120,6 +122,10 @@ class ChannelAnalysis:
             if t is not None:
                 self.fix(t.gid, reason)
 
+    def defer(self, rule: Callable[[], None]) -> None:
+        """Run ``rule`` once every node has its track (a rule about a node's later users)."""
+        self._deferred.append(rule)
+
     # -- driver -------------------------------------------------------------------------------------
     def run(self) -> list[ChannelGroup]:
         for node in self.gm.graph.nodes:
@@ -129,6 +135,8 @@ class ChannelAnalysis:
                 self._env[node] = _output_rule(self, node)
             else:
                 self._env[node] = handlers.for_node(self.gm, node).channels(self, node)
+        for rule in self._deferred:
+            rule()
         self._check_params()
         return self.groups()
 

@@ -20,6 +20,11 @@ def _record(name: str, n: fx.Node, value: object) -> None:
         n.meta["tensor_meta"] = _extract_tensor_metadata(value)
     else:
         n.meta.pop("tensor_meta", None)
+    # A number computed from sizes (torchvision's Swin: its attention scale, (C // heads) ** -0.5)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        n.meta["number"] = value
+    else:
+        n.meta.pop("number", None)
 
 
 class _RealRecorder(fx.Interpreter):

@@ -188,17 +188,24 @@ def _through_identities(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
 
 def _attach_satellites(gm: fx.GraphModule, blocks: list[BlockInfo], flow: set[fx.Node]) -> None:
     """Give each block the non-tensor nodes computed from its tensors (``x.ndim`` checks,
-    sizes for a reshape), so that outlining the block takes them along."""
+    sizes for a reshape), so that outlining the block takes them along. A size that only a
+    later block uses goes with that block (torchvision's Swin V2 reads its input's shape
+    before the attention, from the previous block's output)."""
     owner = {n: b.index for b in blocks for n in b.nodes}
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for node in gm.graph.nodes:
-        if node in flow or node in owner or node.op in ("placeholder", "output", "get_attr"):
-            continue
+    loose = [n for n in gm.graph.nodes
+             if n not in flow and n not in owner and n.op not in ("placeholder", "output", "get_attr")]
+    for node in loose:
         homes = {owner[a] for a in node.all_input_nodes if a in owner}
         if len(homes) == 1:
-            (b,) = homes
-            owner[node] = b
-            blocks[b].nodes.append(node)
+            (owner[node],) = homes
+    for node in reversed(loose):  # users first, so that a chain of sizes moves together
+        users = {owner.get(u) for u in node.users}
+        if len(users) == 1 and None not in users:
+            (owner[node],) = users
+    for node in loose:
+        if node in owner:
+            blocks[owner[node]].nodes.append(node)
     for b in blocks:
         b.nodes.sort(key=position.__getitem__)
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from autotailor.deploy.fold import fold_linear_norms
 from autotailor.errors import ExportError
 from autotailor.files import atomic_write
 
@@ -60,6 +61,7 @@ def export_onnx(net: nn.Module, path: str | Path, input_shape: tuple[int, ...], 
     """
     path = Path(path)
     x = torch.zeros(input_shape)
+    net = fold_linear_norms(net)
     with _exporting(net, path, "ONNX") as tmp:
         try:
             torch.onnx.export(
@@ -140,7 +142,7 @@ def export_ncnn(net: nn.Module, path: str | Path, input_shape: tuple[int, ...] |
     with tempfile.TemporaryDirectory(dir=param.parent, prefix=".pnnx-") as tmp:
         work = Path(tmp)
         with _exporting(net, work / "model.pt", "TorchScript") as ts:
-            torch.jit.trace(_for_ncnn(net), tuple(torch.zeros(s) for s in shapes)).save(str(ts))
+            torch.jit.trace(_for_ncnn(fold_linear_norms(net)), tuple(torch.zeros(s) for s in shapes)).save(str(ts))
         outputs = {k: work / name for k, name in (
             ("ncnnparam", "model.param"), ("ncnnbin", "model.bin"), ("pnnxparam", "model.pnnx.param"),
             ("pnnxbin", "model.pnnx.bin"), ("pnnxpy", "model_pnnx.py"), ("pnnxonnx", "model.pnnx.onnx"),

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
+import operator
 from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch.fx._symbolic_trace import _maybe_revert_all_patches, _wrapped_fns_to_patch  # torch.fx's own state
 
 from autotailor.errors import TraceError
 
@@ -29,42 +32,180 @@ class _Tracer(fx.Tracer):
         return qualname in self.opaque or super().is_leaf_module(m, qualname)
 
 
-def trace(model: torch.nn.Module) -> fx.GraphModule:
+class _ConcreteTracer(_Tracer):
+    """A tracer that also runs the model on an example input, node by node, so that Python
+    control flow on sizes (``if pad_h > 0``, ``math.ceil(H / p)``, a device's type) takes the
+    example's branch instead of stopping the trace, as torch.export specialises a program to
+    its example. Sizes stay symbolic in the graph (another batch size or resolution computes
+    its own); every branch taken on a size becomes a ``torch._assert`` in the graph, so an input
+    that would take the other branch fails loudly instead of computing something else. Branches
+    on tensor values are refused: they depend on the image, not on its size. Functions a
+    library marked with ``torch.fx.wrap`` (torchvision's ``shifted_window_attention``) are traced
+    into, since their layers' weights would otherwise be out of reach."""
+
+    def __init__(self, example: torch.Tensor, opaque: frozenset[str] = frozenset(),
+                 functions: tuple[Callable, ...] = ()):
+        super().__init__(opaque, functions)
+        self.example = example
+        self.kept_whole = functions
+        self.values: dict[fx.Node, object] = {}
+        self.guards = 0
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _ConcreteProxy(node, self)
+
+    def trace(self, root, concrete_args=None) -> fx.Graph:
+        graph = super().trace(root, concrete_args)
+        for node in graph.nodes:  # torch.fx marked the last node of each function traced into as the call
+            if node.meta.get("is_wrapped") and not (_wrapped_by_library(node.target) or node.target in self.kept_whole):
+                del node.meta["is_wrapped"]
+        return graph
+
+    def value(self, a: object) -> object:
+        return fx.node.map_aggregate(a, lambda v: self.values[v.node] if isinstance(v, fx.Proxy) else v)
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None, proxy_factory_fn=None):
+        if kind == "call_function" and _wrapped_by_library(target) and target not in self.kept_whole:
+            return target(*args, **kwargs)  # traced into: its calls come back here as nodes
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+        if kind == "output":
+            return proxy
+        with _maybe_revert_all_patches():  # run the real code, not the tracer's patched calls
+            self.values[proxy.node] = self._run(kind, target, self.value(args), self.value(kwargs))
+        return proxy
+
+    def _run(self, kind: str, target, a: tuple, kw: dict) -> object:
+        if kind == "placeholder":
+            return self.example.clone() if not self.values else (a[0] if a else None)
+        if kind == "get_attr":
+            return operator.attrgetter(target)(self.root)
+        if kind == "call_module":
+            return self.root.get_submodule(target)(*a, **kw)
+        if kind == "call_method":
+            return getattr(a[0], target)(*a[1:], **kw)
+        return target(*a, **kw)
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        value = self.values[obj.node]
+        if isinstance(value, torch.Tensor):
+            raise TraceError("control flow on a tensor's values: it depends on the image, not on its size")
+        taken = bool(value)
+        self.guards += 1
+        condition = obj if taken else self.create_proxy("call_function", operator.not_, (obj,), {})
+        self.create_proxy("call_function", torch._assert,
+                          (condition,
+                           f"the traced model took one branch at the compiled input size ({obj.node.name} is "
+                           f"{taken}); this input takes the other"), {})
+        return taken
+
+    def iter(self, obj: fx.Proxy):
+        value = self.values[obj.node]
+        if isinstance(value, torch.Tensor):
+            raise TraceError("iteration over a tensor: its length is a size of the input")
+        return iter([obj[i] for i in range(len(value))])
+
+
+class _ConcreteProxy(fx.Proxy):
+    """A proxy whose attributes that are not numbers or tensors (a device, a dtype, a flag) are
+    plain values, and which rounds and measures like the number or tuple it stands for."""
+
+    def __getattr__(self, k: str):
+        value = getattr(self.tracer.values[self.node], k)
+        if callable(value):
+            return fx.proxy.Attribute(self, k)  # a method call, recorded as one node
+        if isinstance(value, (torch.Tensor, int, float, tuple, list)) and not isinstance(value, bool):
+            return self.tracer.create_proxy("call_function", getattr, (self, k), {})
+        return value
+
+    def __len__(self) -> int:
+        value = self.tracer.values[self.node]
+        if isinstance(value, torch.Tensor):
+            raise TraceError("len() of a tensor: its length is a size of the input")
+        return len(value)
+
+    def __setitem__(self, key, value) -> None:  # torchvision's Swin builds its shift mask so
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+    def __ceil__(self):
+        return self.tracer.create_proxy("call_function", math.ceil, (self,), {})
+
+    def __floor__(self):
+        return self.tracer.create_proxy("call_function", math.floor, (self,), {})
+
+
+def _wrapped_by_library(fn: object) -> bool:
+    """Whether ``fn`` is a function some library registered with ``torch.fx.wrap`` (torch.fx's
+    registry is keyed by the function's module globals and name)."""
+    return inspect.isfunction(fn) and (id(fn.__globals__), fn.__name__) in _wrapped_fns_to_patch
+
+
+def trace(model: torch.nn.Module, example: torch.Tensor | None = None) -> fx.GraphModule:
     """Symbolically trace ``model`` in eval mode.
 
     Tracing in eval mode fixes Python-level branches such as ``if self.training`` to their
     inference path, which is the function the SuperNet must reproduce. A submodule or a public
-    library function whose code torch.fx cannot follow (control flow on sizes or values: timm's
-    EfficientViT and MobileViT, its position-embedding resampling) is kept whole, as one
-    operator AutoTailor calls but does not resize, and tracing starts again; the model's own
-    code failing is a ``TraceError`` that names the construct.
+    library function whose code torch.fx cannot follow (control flow on sizes or values) is
+    kept whole, as one operator AutoTailor calls but does not resize, and tracing starts again;
+    the model's own code failing is a ``TraceError`` that names the construct. Where what is
+    kept whole holds layers (timm's EfficientViT and MobileViT attention, torchvision's Swin
+    attention, one ``torch.fx.wrap``ped function), the model is traced again running on
+    ``example``, its branches on sizes taken as at the example's size and guarded
+    (``_ConcreteTracer``), so that those layers can be resized too.
     """
     if isinstance(model, fx.GraphModule):
         return model
     was_training = model.training
     model.eval()
+    try:
+        try:
+            gm, hidden = _trace(model, None)
+        except TraceError:
+            if example is None:
+                raise
+            return _trace(model, example)[0]  # the model's own code branches on a size
+        if example is None or not hidden:
+            return gm
+        try:
+            concrete, _ = _trace(model, example)
+        except TraceError as exc:
+            log.warning("%s; its layers inside %s are kept whole", exc, ", ".join(hidden))
+            return gm
+        return concrete
+    finally:
+        model.train(was_training)
+
+
+def _trace(model: torch.nn.Module, example: torch.Tensor | None) -> tuple[fx.GraphModule, list[str]]:
+    """The traced graph, plain (``example`` None) or running on ``example``, and what it keeps
+    whole that holds layers."""
     opaque: set[str] = set()
     functions: list[Callable] = []
     names = {id(m): name for name, m in model.named_modules() if name}
-    try:
-        while True:
-            tracer = _Tracer(frozenset(opaque), tuple(functions))
-            try:
+    while True:
+        tracer = (_ConcreteTracer(example, frozenset(opaque), tuple(functions)) if example is not None
+                  else _Tracer(frozenset(opaque), tuple(functions)))
+        try:
+            with torch.no_grad():
                 graph = tracer.trace(model, concrete_args=_defaults(model))
-            except Exception as exc:  # torch.fx raises many types (TraceError, TypeError, ...)
-                culprit = _culprit(exc, names)
-                if culprit is None or culprit in opaque or culprit in functions or \
-                        len(opaque) + len(functions) >= MAX_OPAQUE:
-                    raise TraceError(_explain(model, exc)) from exc
-                (opaque.add if isinstance(culprit, str) else functions.append)(culprit)
-                continue
-            kept = sorted(opaque) + [f"{f.__module__}.{f.__name__}()" for f in functions]
-            if kept:
-                log.warning("torch.fx cannot trace into %s; kept whole (not resized): %s", type(model).__name__,
-                            ", ".join(kept))
-            return without_fixed_inputs(fx.GraphModule(tracer.root, graph, type(model).__name__))
-    finally:
-        model.train(was_training)
+        except Exception as exc:  # torch.fx raises many types (TraceError, TypeError, ...)
+            culprit = _culprit(exc, names)
+            if culprit is None or culprit in opaque or culprit in functions or \
+                    len(opaque) + len(functions) >= MAX_OPAQUE:
+                raise TraceError(_explain(model, exc)) from exc
+            (opaque.add if isinstance(culprit, str) else functions.append)(culprit)
+            continue
+        kept = sorted(opaque) + [f"{f.__module__}.{f.__name__}()" for f in functions]
+        hidden = [q for q in sorted(opaque) if any(True for _ in model.get_submodule(q).parameters())] + [
+            f"{n.target.__module__}.{n.target.__name__}()" for n in graph.nodes
+            if n.op == "call_function" and (n.target in functions or _wrapped_by_library(n.target))
+            and any(a.op == "get_attr" for a in n.all_input_nodes)]
+        if kept and (example is not None or not hidden):
+            log.warning("torch.fx cannot trace into %s; kept whole (not resized): %s", type(model).__name__,
+                        ", ".join(kept))
+        if example is not None:
+            log.info("traced %s running on its example input: %d branch(es) on sizes taken as at %s",
+                     type(model).__name__, tracer.guards, tuple(example.shape))
+        return without_fixed_inputs(fx.GraphModule(tracer.root, graph, type(model).__name__)), hidden
 
 
 def _culprit(exc: BaseException, names: dict[int, str]) -> str | Callable | None:

@@ -53,10 +53,10 @@ def compile(  # noqa: A001 - the public name the API promises
     """
     started = time.perf_counter()
     cfg = load_config(config)
-    gm, source = _to_graph(model)
+    example = _example(example_input)
+    gm, source = _to_graph(model, example)
     training = model.training if isinstance(model, nn.Module) else False
     gm.eval()  # the passes run the graph's inference path (BatchNorm on running statistics)
-    example = _example(gm, example_input, source)
     gm.graph.eliminate_dead_code()  # e.g. unused attention weights returned by a MultiheadAttention
     lift_functional_layers(gm)
     loosen_reshapes(gm)
@@ -92,14 +92,14 @@ def compile(  # noqa: A001 - the public name the API promises
     return sn
 
 
-def _to_graph(model: "nn.Module | str | Path") -> tuple[fx.GraphModule, str]:
+def _to_graph(model: "nn.Module | str | Path", example: torch.Tensor) -> tuple[fx.GraphModule, str]:
     if isinstance(model, (str, Path)):
         resolved = load_model(str(model))
         if isinstance(resolved, Path):
             return import_onnx(resolved), str(resolved)
-        return trace(resolved), str(model)
+        return trace(resolved, example), str(model)
     if isinstance(model, nn.Module):
-        return trace(_copy_sharing_storage(model)), type(model).__name__
+        return trace(_copy_sharing_storage(model), example), type(model).__name__
     raise ModelLoadError(f"cannot compile a {type(model).__name__}; pass an nn.Module, an .onnx path or a model spec")
 
 
@@ -127,7 +127,7 @@ def _unshare(net: nn.Module, original: "nn.Module | str | Path") -> None:
             t.data = t.data.clone()
 
 
-def _example(gm: fx.GraphModule, example: torch.Tensor | None, source: str) -> torch.Tensor:
+def _example(example: torch.Tensor | None) -> torch.Tensor:
     if example is None:
         return torch.zeros(1, 3, 224, 224)
     if not isinstance(example, torch.Tensor) or example.dim() != 4:
@@ -218,10 +218,10 @@ def _outline(gm: fx.GraphModule, plan: _Plan) -> None:
         entry = replaced.get(blk.entry, blk.entry)
         inside = set(blk.nodes)
         needed: set[fx.Node] = set()  # constants (parameters, lifted params) the block reads
-        stack = [a for n in blk.nodes for a in n.all_input_nodes if a not in flow]
+        stack = [a for n in blk.nodes for a in n.all_input_nodes if a not in flow and a not in inside]
         while stack:
             c = stack.pop()
-            if c not in needed:
+            if c not in needed and c not in inside:
                 needed.add(c)
                 stack.extend(c.all_input_nodes)
         sub = fx.Graph()

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.frontends import without_fixed_inputs
-from autotailor.ir.graph import carries_tensors, node_shape, set_attr
+from autotailor.ir.graph import bind, carries_tensors, node_shape, set_attr
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
 from autotailor.ir.ops.linear import DynLinear
@@ -467,7 +467,7 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     if shape is None or len(shape) != 4 or dim is None or dim % 4 != 3:
         return None
     inside, out = {node}, node
-    while len(out.users) == 1 and isinstance(_module(gm, next(iter(out.users))), (nn.Dropout, nn.Identity)):
+    while len(out.users) == 1 and _passes_through(gm, next(iter(out.users))):
         out = next(iter(out.users))
         inside.add(out)
     (product,) = out.users if len(out.users) == 1 else (None,)
@@ -483,21 +483,36 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
         inside.add(scores)
         a, b = scores.args[:2]
         scores, masks["mask"] = (a, b) if _is(a, _MATMUL) or _is(a, {operator.mul, operator.truediv}) else (b, a)
-    if _is(scores, {operator.mul, operator.truediv}) and isinstance(scores.args[1], float):
+    if _is(scores, {operator.mul, operator.truediv}) and _float(scores.args[1]) is not None:
         inside.add(scores)
-        scale = scores.args[1] if scores.target is operator.mul else 1 / scores.args[1]
+        scale = _float(scores.args[1]) if scores.target is operator.mul else 1 / _float(scores.args[1])
         scores = scores.args[0]
     if not _is(scores, _MATMUL):
         return None
     inside.add(scores)
     q, kt = scores.args[:2]
-    if _is(q, {operator.mul}) and isinstance(q.args[1], float) and scale == 1.0:
+    if _is(q, {operator.mul}) and _float(q.args[1]) is not None and scale == 1.0:
         inside.add(q)
-        q, scale = q.args[0], q.args[1]
+        q, scale = q.args[0], _float(q.args[1])
     if _is(kt, {"transpose", torch.transpose}) and {a % 4 for a in kt.args[1:3]} == {2, 3}:
         inside.add(kt)
         return _assemble(gm, q, kt.args[0], product.args[1], masks, scale, product, inside)
     return _assemble(gm, q, kt, product.args[1], masks, scale, product, inside, k_transposed=True)  # LeViT
+
+
+def _passes_through(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Dropout or an identity: a module, or ``F.dropout`` traced with ``training=False``."""
+    if _is(node, {F.dropout}):
+        return bind(node, ("input", "p", "training")).get("training", True) is False
+    return isinstance(_module(gm, node), (nn.Dropout, nn.Identity))
+
+
+def _float(arg: object) -> float | None:
+    """A float the graph holds or computes from sizes alone (``head_dim ** -0.5`` with
+    ``head_dim = C // heads``): the number at the compiled shapes. The operator that replaces
+    the attention keeps it, as models that store their scale do."""
+    value = arg.meta.get("number") if isinstance(arg, fx.Node) else arg
+    return float(value) if isinstance(value, float) else None
 
 
 def _window_add(scores: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:

@@ -336,10 +336,56 @@ class Mean(Elementwise):
 
 @register(getattr, "size", "dim")
 class ReadsShape(Elementwise):
-    """Reading a shape does not constrain the channels: code that uses it adapts to any width."""
+    """Reading a shape. Code that reads the channel count and reshapes with it (torchvision's
+    Swin: ``C`` of the input, then ``reshape(B, N, C)`` of the attention's output) ties the
+    two tensors' channels: where the count reshapes another tracked tensor, keeping its
+    channels on that axis, the two groups are one; any other use of it (arithmetic such as
+    ``C // heads``, a guard, a new tensor's size) fixes the channels read."""
 
     def channels(self, a, node: fx.Node) -> None:
+        t = a.track(node.args[0])
+        if t is None or node.target == "dim":
+            return None
+        counts = _channel_counts(node, t.axis, len(node_shape(node.args[0])))
+        if counts is None:
+            a.fix(t.gid, f"{node.name} reads the whole shape, channels included, for {_names(node.users)}")
+        elif counts:
+            a.defer(lambda: _tie_channel_counts(a, t.gid, counts))
         return None
+
+
+def _channel_counts(node: fx.Node, axis: int, nd: int) -> list[fx.Node] | None:
+    """The nodes holding the channel count that ``node`` (``x.shape``, ``x.size()``,
+    ``x.size(k)``) reads; None when the whole shape is used as one value."""
+    if node.target == "size" and (len(node.args) > 1 or "dim" in node.kwargs):
+        k = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
+        return [node] if k % nd == axis else []
+    counts = []
+    for user in node.users:
+        if not (user.op == "call_function" and user.target is operator.getitem):
+            return None
+        index = user.args[1]
+        if isinstance(index, int) and index % nd == axis:
+            counts.append(user)
+        elif isinstance(index, slice) and axis in range(nd)[index]:
+            return None
+    return counts
+
+
+def _tie_channel_counts(a, gid: int, counts: list[fx.Node]) -> None:
+    """Run once every node has its track: see ``ReadsShape``."""
+    for count in counts:
+        for user in count.users:
+            out, src = a.track(user), a.track(user.args[0]) if user.args else None
+            if (user.target in ("reshape", "view") and user.op == "call_method" and out is not None
+                    and src is not None and reshape_sizes(user)[out.axis] is count):
+                a.union(gid, src.gid, user.name)
+            else:
+                a.fix(gid, f"its channel count is read at run time and used by {user.name}")
+
+
+def _names(nodes) -> str:
+    return ", ".join(n.name for n in nodes)
 
 
 @register(F.softmax, torch.softmax, "softmax", F.scaled_dot_product_attention, nn.MultiheadAttention)

@@ -289,11 +289,15 @@ def _group(nodes: list[Node], rules: FusionRules, granularity: str) -> list[list
                 blocks.setdefault(n.block, []).append(n)
                 taken.add(n.name)
         groups.extend(blocks.values())
+    units = _linear_norms(nodes, consumers) if "linear" in rules.anchors and granularity != "operator" else {}
     for n in compute:
         if n.name in taken:
             continue
         group = [n]
         taken.add(n.name)
+        if n.name in units and not any(u.name in taken for u in units[n.name]):
+            group += units[n.name]  # one Linear once the exporters fold the BatchNorm in
+            taken.update(u.name for u in units[n.name])
         if n.multi:  # a kernel's inputs and outputs are tensors: it takes in the consumers too
             more = [by_name[u] for u in consumers.get(n.name, []) if u not in taken]
             group += more
@@ -315,6 +319,27 @@ def _group(nodes: list[Node], rules: FusionRules, granularity: str) -> list[list
     order = {n.name: i for i, n in enumerate(nodes)}
     groups.sort(key=lambda g: order[g[0].name])
     return groups
+
+
+def _linear_norms(nodes: list[Node], consumers: dict[str, list[str]]) -> dict[str, list[Node]]:
+    """LeViT's Linear + BatchNorm over tokens (``linear_norm``), which ``fold_linear_norms``
+    makes one Linear at export: the Linear's node name -> its flatten, BatchNorm and reshape."""
+    from autotailor.ir.ops.attention import linear_norm
+
+    by_fx = {(id(n.owner), n.fx_node): n for n in nodes if n.fx_node is not None}
+    units = {}
+    for n in nodes:
+        pair = linear_norm(n.owner, n.fx_node) if n.kind == "reshape_as" and n.owner is not None else None
+        if pair is None:
+            continue
+        lin, bn = (by_fx.get((id(n.owner), f)) for f in pair)
+        flat = by_fx.get((id(n.owner), pair[1].args[0]))
+        if lin is None or bn is None or flat is None:
+            continue
+        if sorted(consumers.get(lin.name, [])) == sorted([flat.name, n.name]) and \
+                consumers.get(flat.name) == [bn.name] and consumers.get(bn.name) == [n.name]:
+            units[lin.name] = [flat, bn, n]
+    return units
 
 
 @dataclass

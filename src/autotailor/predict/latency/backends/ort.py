@@ -225,11 +225,13 @@ class _Consumed(nn.Module):
 
 
 def _onnx_bytes(module: nn.Module, input_shapes: list[Shape]) -> bytes:
-    """``module`` as an ONNX model with static shapes (BatchNorm folded, as in a deployed SubNet)."""
+    """``module`` as an ONNX model with static shapes (BatchNorm folded, as in a deployed SubNet,
+    LeViT's BatchNorm over tokens too)."""
     from autotailor.deploy.export import tracing_for_export
+    from autotailor.deploy.fold import fold_linear_norms
 
     buf = io.BytesIO()
     with tracing_for_export():
-        torch.onnx.export(module.eval(), tuple(torch.zeros(s) for s in input_shapes), buf, dynamo=False,
+        torch.onnx.export(fold_linear_norms(module).eval(), tuple(torch.zeros(s) for s in input_shapes), buf, dynamo=False,
                           opset_version=17, input_names=[f"x{i}" for i in range(len(input_shapes))])
     return buf.getvalue()
