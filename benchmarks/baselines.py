@@ -2,13 +2,13 @@
 
 Reproduce (from the repository root, after `make install`; hours on 2 cores, resumable)::
 
-    .venv/bin/python benchmarks/tuning_schedules.py --schedules sandwich4-4ep   # the tuned SuperNets
+    .venv/bin/python benchmarks/tuning_schedules.py --schedules sandwich4-4ep   # the tuned SuperNets (``SCHEDULE``)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/baselines.py --data ../shared/data/cifar10
     .venv/bin/python benchmarks/baselines.py --report-only
 
 For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``train_base.py``):
 
-- **AutoTailor**: the SuperNet tuned with ``tuning_schedules.SCHEDULE`` (its weights kept in
+- **AutoTailor**: the SuperNet tuned with the model's ``SCHEDULE`` (its weights kept in
   ``benchmarks/artifacts/``), profiled for ONNX Runtime with 1 thread, its sensitivities
   measured, and ``BUDGETS`` latency budgets searched with ``--verify 2 --finalists 4``,
   all through the command line a user has (the paper searches 40-50).
@@ -45,6 +45,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,7 +64,8 @@ import tuning_schedules  # noqa: E402
 from common import State, default_cifar10, head_commit, machine, save_figure, write_results  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
-SCHEDULE = "sandwich4-4ep"
+# each model's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
+SCHEDULE = {"resnet18": "sandwich4-4ep", "mobilenet_v2": "sandwich4-4ep"}
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
@@ -95,14 +97,18 @@ def autotailor_work(model: str, data: str, work: Path) -> Path:
     from autotailor.pipeline.results import SearchRecord
 
     folder = work / model / "autotailor"
+    schedule = SCHEDULE[model]
+    if (folder / "schedule").is_file() and (folder / "schedule").read_text().strip() != schedule:
+        shutil.rmtree(folder)  # tuned with another schedule: compiled, profiled and searched again
     if not (folder / "supernet.pt").is_file():
-        kept = tuning_schedules.tuned_artifact(model, SCHEDULE)
+        kept = tuning_schedules.tuned_artifact(model, schedule)
         if not kept.is_file():
-            raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --schedules {SCHEDULE} first")
+            raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --schedules {schedule} first")
         _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--out", str(folder))
         sn = at.load(folder)
         sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in torch.load(kept, map_location="cpu").items()})
         sn.save(folder / "supernet.pt")
+        (folder / "schedule").write_text(schedule + "\n")
     if not (folder / "latency.sqlite").is_file():
         _cli("profile", str(folder), "--device", DEVICE)
     if not (folder / "sensitivity.json").is_file():
@@ -143,6 +149,18 @@ def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
         state.put({"arch": arch, "accuracy": accuracy, "macs": c.macs, "params": c.params,
                    "predicted_accuracy": chosen.accuracy}, model, "autotailor", chosen.budget)
         print(f"{model} AutoTailor {chosen.budget}: {100 * accuracy:.2f} % at {c.macs / 1e6:.1f} M MACs", flush=True)
+
+
+def forget_autotailor(state: State, model: str) -> None:
+    """Drop ``model``'s AutoTailor points (tuned with another schedule) and every latency of its
+    baselines: its SubNets are searched again on a new profile, and all are timed again beside
+    the new profile's reference kernel."""
+    state.put({}, model, "autotailor")
+    state.put(None, model, "autotailor_budgets")
+    for method in METHODS[1:]:
+        for key, point in (state.get(model, method) or {}).items():
+            state.put({k: v for k, v in point.items() if k not in ("latency_ms", "raw_latency_ms")}, model, method, key)
+    state.put(SCHEDULE[model], model, "autotailor_schedule")
 
 
 def pruned(model: str, ratio: float) -> torch.nn.Module:
@@ -468,7 +486,14 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    state = State(work / "state.json")
+    path, committed = work / "state.json", HERE / "results" / "baselines.json"
+    if not path.is_file() and committed.is_file():  # a new machine: start from the committed measurements
+        path.write_text(json.dumps(json.loads(committed.read_text())["raw"]))
+    state = State(path)
+    for model in MODELS:
+        # results from before the schedule was recorded were made with sandwich4-4ep
+        if state.get(model) and (state.get(model, "autotailor_schedule") or "sandwich4-4ep") != SCHEDULE[model]:
+            forget_autotailor(state, model)
     if args.snapshot:
         for model in args.models.split(","):
             ckpt = work / model / "adaptivenet.ckpt"

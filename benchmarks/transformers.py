@@ -64,7 +64,9 @@ KINDS = ("heads", "qk", "v", "embedding", "width", "depth", "resolution")
 
 
 def _space(ratios: str, templates: tuple[str, ...], keys: tuple[str, ...], embed: bool = False) -> str:
-    lines = (["[var.global_vars]", f"embed_ratio = {ratios}"] if embed else []) + ["[var.block_vars]"]
+    # a stream that stays within one stage has a variable of that stage (var.stage_vars)
+    lines = (["[var.global_vars]", f"embed_ratio = {ratios}", "[var.stage_vars]", f"embed_ratio = {ratios}"]
+             if embed else []) + ["[var.block_vars]"]
     return "\n".join(lines + [f"{t}.{k} = {ratios}" for t in templates for k in keys]) + "\n"
 
 
