@@ -344,11 +344,12 @@ class ReadsShape(Elementwise):
 
     def channels(self, a, node: fx.Node) -> None:
         t = a.track(node.args[0])
-        if t is None or node.target == "dim":
+        if t is None or node.target == "dim" or (node.target is getattr and node.args[1] != "shape"):
             return None
         counts = _channel_counts(node, t.axis, len(node_shape(node.args[0])))
         if counts is None:
-            a.fix(t.gid, f"{node.name} reads the whole shape, channels included, for {_names(node.users)}")
+            a.fix(t.gid, f"{node.name} reads the whole shape, channels included, for "
+                  + ", ".join(u.name for u in node.users))
         elif counts:
             a.defer(lambda: _tie_channel_counts(a, t.gid, counts))
         return None
@@ -382,10 +383,6 @@ def _tie_channel_counts(a, gid: int, counts: list[fx.Node]) -> None:
                 a.union(gid, src.gid, user.name)
             else:
                 a.fix(gid, f"its channel count is read at run time and used by {user.name}")
-
-
-def _names(nodes) -> str:
-    return ", ".join(n.name for n in nodes)
 
 
 @register(F.softmax, torch.softmax, "softmax", F.scaled_dot_product_attention, nn.MultiheadAttention)
