@@ -100,7 +100,8 @@ def test_dropping_heads_equals_the_model_without_those_heads() -> None:
     assert linear_rows[:3] == [72, 144, 108]  # the qkv projections of 2, 4 and 3 heads of 12 dims
 
 
-@pytest.mark.parametrize("make", ["timm_vit", "torchvision_vit", "tiny_swin", "tiny_torchvision_swin", "tiny_levit"])
+@pytest.mark.parametrize("make", ["timm_vit", "torchvision_vit", "tiny_swin", "tiny_torchvision_swin",
+                                  "tiny_torchvision_swin_v2", "tiny_levit"])
 def test_random_transformer_subnets_extract_exactly_and_run_in_onnx_runtime(make, tmp_path) -> None:
     model = globals()[make]()
     size = 64 if make == "tiny_levit" else 32
@@ -179,16 +180,26 @@ def tiny_swin() -> nn.Module:
     return model
 
 
-def tiny_torchvision_swin() -> nn.Module:
+def tiny_torchvision_swin(v2: bool = False) -> nn.Module:
+    from torchvision.models import swin_transformer as swin
+
     torch.manual_seed(0)
-    return torchvision.models.swin_transformer.SwinTransformer(
-        patch_size=[2, 2], embed_dim=24, depths=[2, 2], num_heads=[3, 6], window_size=[4, 4], num_classes=10).eval()
+    blocks = {"block": swin.SwinTransformerBlockV2, "downsample_layer": swin.PatchMergingV2} if v2 else {}
+    return well_conditioned(swin.SwinTransformer(patch_size=[2, 2], embed_dim=24, depths=[2, 2], num_heads=[3, 6],
+                                                 window_size=[4, 4], num_classes=10, **blocks)).eval()
 
 
-def test_torchvision_swin_whose_attention_is_one_wrapped_function_gets_heads() -> None:
+def tiny_torchvision_swin_v2() -> nn.Module:
+    return tiny_torchvision_swin(v2=True)
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["swin", "swin_v2"])
+def test_torchvision_swin_whose_attention_is_one_wrapped_function_gets_heads(v2: bool) -> None:
     # torchvision keeps its window attention out of torch.fx (torch.fx.wrap): traced again on
-    # the example, its layers are seen and the attention recognised, shift masks included
-    model = tiny_torchvision_swin()
+    # the example, its layers are seen and the attention recognised, shift masks included.
+    # V2's cosine attention: q and k normalised per head, a learned scale per head, and a bias
+    # from a small MLP whose outputs are one per head, reordered with them.
+    model = tiny_torchvision_swin(v2)
     x = torch.randn(2, 3, 32, 32)
     sn = at.compile(model, x[:1], config=CONFIG).eval()
     kinds = Counter(v.kind for v in sn.space.variables)

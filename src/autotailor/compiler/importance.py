@@ -23,7 +23,7 @@ def _member_tensors(gm: fx.GraphModule, nodes: dict[str, fx.Node], m: Member) ->
     if m.role == "param":
         return [(get_attr(gm, node.target), m.axis)]
     mod = gm.get_submodule(node.target)
-    return handlers.for_module(mod).importance(mod, m.role)
+    return handlers.for_module(mod).importance(mod, "out" if m.role == "table" else m.role)
 
 
 def _chunk_scores(gm: fx.GraphModule, nodes: dict[str, fx.Node], group: ChannelGroup) -> torch.Tensor:

@@ -112,6 +112,12 @@ def _module_builders() -> dict[type, Callable[[fx.GraphModule, fx.Node], object]
 _MODULE_BUILDERS = _module_builders()
 
 
+def _is_copy(ref: object) -> bool:
+    """``param.clone()`` read by one call alone."""
+    return isinstance(ref, fx.Node) and ref.op == "call_method" and ref.target == "clone" and len(ref.users) == 1 \
+        and len(ref.args) == 1 and isinstance(ref.args[0], fx.Node) and ref.args[0].op == "get_attr"
+
+
 def lift_functional_layers(gm: fx.GraphModule) -> int:
     """Rewrite registered functional calls into module calls, in place. Returns how many."""
     count = 0
@@ -134,10 +140,14 @@ def lift_functional_layers(gm: fx.GraphModule) -> int:
         args.update(node.kwargs)
         params: dict[str, torch.Tensor] = {}
         ok = True
+        copies = []
         for name in param_names:
             ref = args.get(name)
             if ref is None:
                 continue
+            if _is_copy(ref):  # a parameter's copy (Swin V2's qkv bias) holds its values
+                copies.append(ref)
+                ref = args[name] = ref.args[0]
             # Only parameters read by this call alone: sharing them would need more care.
             if not (isinstance(ref, fx.Node) and ref.op == "get_attr" and len(ref.users) == 1):
                 ok = False
@@ -157,7 +167,7 @@ def lift_functional_layers(gm: fx.GraphModule) -> int:
         set_attr(gm, target, module)
         refs = [args[n] for n in param_names if isinstance(args.get(n), fx.Node)]
         node.op, node.target, node.args, node.kwargs = "call_module", target, (args["input"],), {}
-        for ref in refs:
+        for ref in copies + refs:
             if not ref.users:
                 gm.graph.erase_node(ref)
         count += 1

@@ -51,7 +51,8 @@ class Member:
 
     ``role`` is ``out`` (produces the channels: conv/linear output), ``in`` (consumes them:
     conv/linear input), ``inout`` (maps channel i to channel i: BatchNorm, LayerNorm,
-    depthwise/grouped conv) or ``param`` (a parameter used elementwise, sliced on ``axis``).
+    depthwise/grouped conv), ``param`` (a parameter used elementwise, sliced on ``axis``) or
+    ``table`` (a layer's outputs that are reordered with a group, never sliced: one per head).
     """
 
     node: str

@@ -65,8 +65,9 @@ class Heads(AttentionKind):
 
     def _members(self, ctx: PlanContext, node: fx.Node) -> tuple[tuple, list]:
         groups = tuple(g for g in ctx.groups if g.split_by == node.name)
-        # Per-head tables (role "param") are reordered with the heads, not sliced.
-        return groups, [(g, m) for g in groups for m in g.members if m.node != node.name and m.role != "param"]
+        # Per-head tables (roles "param", "table") are reordered with the heads, not sliced.
+        return groups, [(g, m) for g in groups for m in g.members
+                        if m.node != node.name and m.role not in ("param", "table")]
 
     def fixed(self, ctx: PlanContext, node: fx.Node, core: HeadAttention) -> str | None:
         groups, members = self._members(ctx, node)

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from autotailor.compiler.kinds.heads import AttentionKind, lift_projections, projection_fixed, projections
 from autotailor.compiler.variables import PlanContext, register_kind
-from autotailor.ir.ops.attention import HeadAttention
+from autotailor.ir.ops.attention import HeadAttention, L2Norm
 
 
 @register_kind
@@ -28,7 +28,7 @@ class QkDim(AttentionKind):
     field, suffix, what = "head_dim", "qk_dim", "q/k width per head"
 
     def fixed(self, ctx: PlanContext, node: fx.Node, core: HeadAttention) -> str | None:
-        if not isinstance(core.q_norm, nn.Identity) or not isinstance(core.k_norm, nn.Identity):
+        if not isinstance(core.q_norm, (nn.Identity, L2Norm)) or not isinstance(core.k_norm, (nn.Identity, L2Norm)):
             return "its queries and keys are normalised per head"
         why = next((w for p, _ in projections(node, core, {"q", "k"}) if (w := projection_fixed(ctx, p))), None)
         return why or next((g.fixed for g in ctx.groups if g.split_by == node.name and g.fixed), None)

@@ -48,9 +48,10 @@ class HeadAttention(nn.Module):
     Returns (B, N, heads * v_dim). ``q_norm``/``k_norm`` act on each head's vectors. ``mask`` is an
     additive bias computed outside (Swin's relative positions), ``window_mask`` one more per
     window (Swin's shifted windows: (1, windows, heads or 1, N, N), the batch holding images
-    times windows); each has the model's heads on its third axis from the end, or one for all,
-    and the first ``heads`` are used. ``masked``/``windowed`` say which a call passes ("": none,
-    "shared": one for all heads, "per_head").
+    times windows), ``head_scale`` a learned factor of each head's scores (Swin V2's cosine
+    attention: (heads, 1, 1)); each has the model's heads on its third axis from the end, or one
+    for all, and the first ``heads`` are used. ``masked``/``windowed``/``scaled`` say which a call
+    passes ("": none, "shared": one for all heads, "per_head").
     """
 
     def __init__(self, num_heads: int, head_dim: int, v_dim: int, scale: float | None, fused: bool,
@@ -58,13 +59,15 @@ class HeadAttention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.v_dim, self.scale, self.fused = num_heads, head_dim, v_dim, scale, fused
         self.kv_fused = kv_fused
-        self.masked = self.windowed = ""
+        self.masked = self.windowed = self.scaled = ""
         self.q_norm = q_norm if q_norm is not None else nn.Identity()
         self.k_norm = k_norm if k_norm is not None else nn.Identity()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self._attend(q, k, v, mask, window_mask, self.num_heads, self.head_dim, self.v_dim, self.scale)
+                mask: torch.Tensor | None = None, window_mask: torch.Tensor | None = None,
+                head_scale: torch.Tensor | None = None) -> torch.Tensor:
+        return self._attend(q, k, v, mask, window_mask, head_scale, self.num_heads, self.head_dim, self.v_dim,
+                            self.scale)
 
     def inputs(self) -> list[tuple[str, ...]]:
         """Each input's rows per head, in order: "q", "k" (``head_dim`` each), "v" (``v_dim``)."""
@@ -72,7 +75,8 @@ class HeadAttention(nn.Module):
             return [("q", "k", "v")]
         return [("q",), ("k", "v")] if self.kv_fused else [("q",), ("k",), ("v",)]
 
-    def _attend(self, q, k, v, mask, window_mask, h: int, d: int, dv: int, scale: float | None) -> torch.Tensor:
+    def _attend(self, q, k, v, mask, window_mask, head_scale, h: int, d: int, dv: int,
+                scale: float | None) -> torch.Tensor:
         b, n = q.shape[0], q.shape[1]
         if self.fused:
             parts = q.reshape(b, n, h, 2 * d + dv).split([d, d, dv], -1)
@@ -88,6 +92,8 @@ class HeadAttention(nn.Module):
         if self.masked == "per_head":
             mask = mask[..., :h, :, :]
         q, k = self.q_norm(q), self.k_norm(k)
+        if self.scaled:  # (q * s) @ k^T is s * (q @ k^T)
+            q = q * (head_scale[..., :h, :, :] if self.scaled == "per_head" else head_scale)
         if not self.windowed:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         else:
@@ -124,9 +130,9 @@ class DynHeadAttention(Operator, HeadAttention):
         """The model's scale, kept when the q/k width is sliced."""
         return self.scale if self.scale is not None else self.head_dim ** -0.5
 
-    def forward(self, q, k=None, v=None, mask=None, window_mask=None) -> torch.Tensor:
+    def forward(self, q, k=None, v=None, mask=None, window_mask=None, head_scale=None) -> torch.Tensor:
         a = self.feature.active
-        return self._attend(q, k, v, mask, window_mask, a.num_heads, a.head_dim, a.v_dim, self._scale)
+        return self._attend(q, k, v, mask, window_mask, head_scale, a.num_heads, a.head_dim, a.v_dim, self._scale)
 
     def infer(self, shape: Shape) -> Shape:
         a = self.feature.active
@@ -137,9 +143,10 @@ class DynHeadAttention(Operator, HeadAttention):
         a = self.feature.active
         core = HeadAttention(a.num_heads, a.head_dim, a.v_dim, self._scale, self.fused,
                              copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm), self.kv_fused)
-        core.masked, core.windowed = self.masked, self.windowed
+        core.masked, core.windowed, core.scaled = self.masked, self.windowed, self.scaled
         fixed = {"k": None, "v": None} if self.fused else {"v": None} if self.kv_fused else {}
-        fixed.update({name: None for name, on in (("mask", self.masked), ("window_mask", self.windowed)) if not on})
+        fixed.update({name: None for name, on in (("mask", self.masked), ("window_mask", self.windowed),
+                                                  ("head_scale", self.scaled)) if not on})
         return without_fixed_inputs(fx.symbolic_trace(core, concrete_args=fixed or None))
 
 
@@ -171,6 +178,9 @@ class HeadAttentionHandler(OpHandler):
             # reordered with the heads, never sliced (the operator takes the mask's first heads).
             table = a.new_group(core.num_heads)
             a.split(table, node.name, 1)
+            if axis is None:  # a layer's outputs (Swin V2's bias MLP)
+                a.add_member(table, Member(param.name, "table"))
+                continue
             for user in param.users:
                 a.add_param_member(table, param, axis, user)
         return Track(len(node_shape(node)) - 1, out)
@@ -187,7 +197,8 @@ class HeadAttentionHandler(OpHandler):
     def describe(self, module: HeadAttention) -> str:
         norms = "".join(type(m).__name__[0] for m in (module.q_norm, module.k_norm))
         layout = "f" if module.fused else "k" if module.kv_fused else "s"
-        return f"d{module.head_dim}v{module.v_dim}{layout}{norms}s{module.scale}m{module.masked}w{module.windowed}"
+        return (f"d{module.head_dim}v{module.v_dim}{layout}{norms}s{module.scale}m{module.masked}w{module.windowed}"
+                + (f"h{module.scaled}" if module.scaled else ""))
 
     def facts(self, module: HeadAttention) -> dict[str, Any]:
         return {"fused": module.fused, "params": sum(p.numel() for p in module.parameters())}
@@ -355,9 +366,10 @@ class DynHeadInput(_HeadRows, DynLinear):
         return lin
 
 
-def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
+def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int | None]]:
     """The parameters the masks of ``node`` are computed from that have one axis of the attention's
-    head count: (their ``get_attr`` node, that axis)."""
+    head count: (their ``get_attr`` node, that axis), and the Linear layers whose outputs are
+    one per head: (their node, None)."""
     heads = node.graph.owning_module.get_submodule(node.target).num_heads
     flow: set[fx.Node] = set()  # tensors computed from the input: the parameters they read are no tables
     for n in node.graph.nodes:
@@ -373,6 +385,9 @@ def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int]]:
             axes = [i for i, size in enumerate(node_shape(n) or ()) if size == heads]
             if len(axes) == 1:
                 found.append((n, axes[0]))
+        elif isinstance(_module(n.graph.owning_module, n), nn.Linear) and node_shape(n)[-1] == heads:
+            found.append((n, None))  # a layer whose outputs are per head (Swin V2's bias MLP)
+            continue
         stack.extend(n.all_input_nodes)
     return found
 
@@ -434,6 +449,10 @@ def _trace_back(gm: fx.GraphModule, node: fx.Node, dim: int, inside: set[fx.Node
             inside.add(node)
             norm = None if isinstance(mod, nn.Identity) else mod
             node = node.args[0]
+        elif _is(node, {F.normalize}) and norm is None and _unit_length(node):
+            inside.add(node)
+            norm = L2Norm(bind(node, ("input", "p", "dim", "eps")).get("eps", 1e-12))
+            node = node.args[0]
         else:
             return None, None
 
@@ -487,6 +506,9 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
         inside.add(scores)
         scale = _float(scores.args[1]) if scores.target is operator.mul else 1 / _float(scores.args[1])
         scores = scores.args[0]
+    elif _is(scores, {operator.mul}) and _head_factor(scores.args[1]):
+        inside.add(scores)  # Swin V2: a learned scale per head, computed from parameters alone
+        scores, masks["head_scale"] = scores.args[0], scores.args[1]
     if not _is(scores, _MATMUL):
         return None
     inside.add(scores)
@@ -498,6 +520,43 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
         inside.add(kt)
         return _assemble(gm, q, kt.args[0], product.args[1], masks, scale, product, inside)
     return _assemble(gm, q, kt, product.args[1], masks, scale, product, inside, k_transposed=True)  # LeViT
+
+
+def _head_factor(arg: object) -> bool:
+    """A tensor of one number per head, (heads, 1, 1) or (1, heads, 1, 1), computed from
+    parameters alone (no input reaches it)."""
+    shape = node_shape(arg) if isinstance(arg, fx.Node) else None
+    if shape is None or len(shape) not in (3, 4) or any(s != 1 for s in (*shape[:-3], *shape[-2:])):
+        return False
+    stack, seen = [arg], set()
+    while stack:
+        n = stack.pop()
+        if n.op == "placeholder":
+            return False
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return True
+
+
+class L2Norm(nn.Module):
+    """Each head's vectors scaled to unit length (Swin V2's cosine attention). On fewer q/k
+    features it normalises those kept, as a model with fewer would."""
+
+    def __init__(self, eps: float = 1e-12):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=-1, eps=self.eps)
+
+
+def _unit_length(node: fx.Node) -> bool:
+    """``F.normalize`` to unit L2 length over the last axis."""
+    bound = bind(node, ("input", "p", "dim", "eps"))
+    shape = node_shape(node)
+    return bound.get("p", 2.0) == 2 and shape is not None and bound.get("dim", 1) % len(shape) == len(shape) - 1
 
 
 def _passes_through(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -577,7 +636,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
         inside.add(merged)
     core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1], kv_fused)
     kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
-    core.masked, core.windowed = kind.get("mask", ""), kind.get("window_mask", "")
+    core.masked, core.windowed, core.scaled = kind.get("mask", ""), kind.get("window_mask", ""), kind.get("head_scale", "")
     return _Found(sources, merged, core, inside, masks, qkv_major)
 
 
