@@ -385,7 +385,7 @@ def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int | None]]:
             axes = [i for i, size in enumerate(node_shape(n) or ()) if size == heads]
             if len(axes) == 1:
                 found.append((n, axes[0]))
-        elif isinstance(_module(n.graph.owning_module, n), nn.Linear) and node_shape(n)[-1] == heads:
+        elif isinstance(_module(n.graph.owning_module, n), nn.Linear) and (node_shape(n) or (0,))[-1] == heads:
             found.append((n, None))  # a layer whose outputs are per head (Swin V2's bias MLP)
             continue
         stack.extend(n.all_input_nodes)
