@@ -98,7 +98,8 @@ def test_interrupted_tuning_resumes_exactly(digits, tmp_path, teacher: str) -> N
 def test_tune_config_errors() -> None:
     with pytest.raises(at.AutoTailorError, match="tune.optimizer = 'adam' is not allowed; expected one of"):
         TuneConfig(optimizer="adam")
-    with pytest.raises(at.AutoTailorError, match=r"tune.teacher = 'base' is not allowed; expected one of \('largest', 'original'\)"):
+    with pytest.raises(at.AutoTailorError,
+                       match=r"tune.teacher = 'base' is not allowed; expected one of \('largest', 'original'\)"):
         TuneConfig(teacher="base")
 
 

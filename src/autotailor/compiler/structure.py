@@ -22,7 +22,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autotailor.ir import handlers
-from autotailor.ir.graph import carries_tensors, node_shape
+from autotailor.ir.graph import carries_tensors, from_input, node_shape
 from autotailor.ir.ops.elementwise import ADD_TARGETS, MUL_TARGETS
 
 
@@ -164,7 +164,7 @@ def parse_structure(gm: fx.GraphModule) -> Structure:
         inside = set(blk.nodes) | {blk.entry}
         # The block must read nothing computed from the input outside it (a size, say),
         # so that it can be outlined and switched off.
-        closed = all(a in inside or not _from_input(a, flow) for n in blk.nodes for a in n.all_input_nodes) and all(
+        closed = all(a in inside or not from_input(a, flow) for n in blk.nodes for a in n.all_input_nodes) and all(
             u in inside for n in blk.nodes if n is not blk.output for u in n.users
         )
         blk.droppable = (
@@ -208,20 +208,6 @@ def _attach_satellites(gm: fx.GraphModule, blocks: list[BlockInfo], flow: set[fx
             blocks[owner[node]].nodes.append(node)
     for b in blocks:
         b.nodes.sort(key=position.__getitem__)
-
-
-def _from_input(node: fx.Node, flow: set[fx.Node]) -> bool:
-    """Whether ``node`` depends on the input at all (tensors or shapes)."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n in flow or n.op == "placeholder":
-            return True
-        for a in n.all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                stack.append(a)
-    return False
 
 
 def _bottleneck_end(gm: fx.GraphModule, chain: list[tuple[fx.Node, list[fx.Node], str]]) -> bool:

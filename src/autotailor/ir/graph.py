@@ -45,3 +45,18 @@ def bind(node: fx.Node, names: tuple[str, ...]) -> dict[str, object]:
     bound = dict(zip(names, node.args))
     bound.update(node.kwargs)
     return bound
+
+
+def from_input(node: fx.Node, flow: set[fx.Node] | frozenset[fx.Node] = frozenset()) -> bool:
+    """Whether ``node`` depends on the graph's input at all (a placeholder, or a node of ``flow``,
+    tensors or shapes); False for what parameters and constants alone compute."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in flow or n.op == "placeholder":
+            return True
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return False

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.frontends import without_fixed_inputs
-from autotailor.ir.graph import bind, carries_tensors, node_shape, set_attr
+from autotailor.ir.graph import bind, carries_tensors, from_input, node_shape, set_attr
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
 from autotailor.ir.ops.linear import DynLinear
@@ -528,16 +528,7 @@ def _head_factor(arg: object) -> bool:
     shape = node_shape(arg) if isinstance(arg, fx.Node) else None
     if shape is None or len(shape) not in (3, 4) or any(s != 1 for s in (*shape[:-3], *shape[-2:])):
         return False
-    stack, seen = [arg], set()
-    while stack:
-        n = stack.pop()
-        if n.op == "placeholder":
-            return False
-        for a in n.all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                stack.append(a)
-    return True
+    return not from_input(arg)
 
 
 class L2Norm(nn.Module):
@@ -636,7 +627,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
         inside.add(merged)
     core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1], kv_fused)
     kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
-    core.masked, core.windowed, core.scaled = kind.get("mask", ""), kind.get("window_mask", ""), kind.get("head_scale", "")
+    core.masked, core.windowed, core.scaled = (kind.get(k, "") for k in ("mask", "window_mask", "head_scale"))
     return _Found(sources, merged, core, inside, masks, qkv_major)
 
 

@@ -232,6 +232,6 @@ def _onnx_bytes(module: nn.Module, input_shapes: list[Shape]) -> bytes:
 
     buf = io.BytesIO()
     with tracing_for_export():
-        torch.onnx.export(fold_linear_norms(module).eval(), tuple(torch.zeros(s) for s in input_shapes), buf, dynamo=False,
-                          opset_version=17, input_names=[f"x{i}" for i in range(len(input_shapes))])
+        torch.onnx.export(fold_linear_norms(module).eval(), tuple(torch.zeros(s) for s in input_shapes), buf,
+                          dynamo=False, opset_version=17, input_names=[f"x{i}" for i in range(len(input_shapes))])
     return buf.getvalue()
