@@ -60,9 +60,15 @@ SCHEDULES: dict[str, list[str] | None] = {
     # the labels: MobileNetV2's largest SubNet drifted 1.4 points from it under in-place distillation
     "original4-4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay",
                       "5e-4", "--warmup-steps", "100", "--teacher", "original"],
+    # a second 4-epoch cycle (warm restart) from sandwich4-4ep's kept weights: 8 epochs in all, to
+    # see whether the SuperNet gains more from longer tuning than the baselines given as many steps
+    "sandwich4-4ep+4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay",
+                          "5e-4", "--warmup-steps", "100"],
 }
+# schedule -> the schedule whose kept weights it starts from (instead of the trained base model)
+CONTINUES = {"sandwich4-4ep+4ep": "sandwich4-4ep"}
 # schedules whose tuned weights take more than ~20 minutes: kept in benchmarks/artifacts/
-KEPT = {"sandwich4-4ep", "sandwich4-4ep-lr0.01", "original4-4ep"}
+KEPT = {"sandwich4-4ep", "sandwich4-4ep-lr0.01", "original4-4ep", "sandwich4-4ep+4ep"}
 ARTIFACTS = HERE / "artifacts"
 
 
@@ -84,13 +90,22 @@ def supernet(model: str, schedule: str, data: str, work: Path):
                        check=True, env=env)
     flags = SCHEDULES[schedule]
     kept = tuned_artifact(model, schedule)
+    def start_from(weights: Path) -> None:
+        sn = at.load(folder)
+        sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in
+                            torch.load(weights, map_location="cpu").items()})
+        sn.save(folder / "supernet.pt")
+
     if flags is not None and not (folder / "tuned").is_file():
         if kept.is_file():  # tuned before: the kept weights instead of the hours of tuning
-            sn = at.load(folder)
-            sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in
-                                torch.load(kept, map_location="cpu").items()})
-            sn.save(folder / "supernet.pt")
+            start_from(kept)
         else:
+            if schedule in CONTINUES and not (folder / "tune.ckpt").is_file():
+                parent = tuned_artifact(model, CONTINUES[schedule])
+                if not parent.is_file():
+                    raise SystemExit(f"{schedule} continues {CONTINUES[schedule]}: run that schedule first "
+                                     f"(no {parent})")
+                start_from(parent)
             partial = checkpoint_artifact(model, schedule)
             if partial.is_file() and not (folder / "tune.ckpt").is_file():  # a run an earlier session began
                 shutil.copyfile(partial, folder / "tune.ckpt")

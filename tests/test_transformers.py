@@ -101,7 +101,7 @@ def test_dropping_heads_equals_the_model_without_those_heads() -> None:
 
 
 @pytest.mark.parametrize("make", ["timm_vit", "torchvision_vit", "tiny_swin", "tiny_torchvision_swin",
-                                  "tiny_torchvision_swin_v2", "tiny_levit"])
+                                  "tiny_torchvision_swin_v2", "tiny_levit", "tiny_maxvit"])
 def test_random_transformer_subnets_extract_exactly_and_run_in_onnx_runtime(make, tmp_path) -> None:
     model = globals()[make]()
     size = 64 if make == "tiny_levit" else 32
@@ -239,6 +239,55 @@ def test_swin_heads_take_their_relative_position_biases_along() -> None:
             attn.proj.weight[:, i * 8:(i + 1) * 8] = 0
         assert torch.allclose(sn(x), model(x), atol=1e-6)
         assert torch.allclose(net(x), reference(x), atol=1e-5)
+
+
+def tiny_maxvit() -> nn.Module:
+    from torchvision.models.maxvit import MaxVit
+
+    torch.manual_seed(0)
+    return well_conditioned(MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[16, 32],
+                                   block_layers=[1, 1], head_dim=8, stochastic_depth_prob=0.0, num_classes=10)).eval()
+
+
+def test_maxvit_attention_over_windows_written_with_einsum_gets_heads() -> None:
+    # torchvision's MaxViT keeps the windows on an axis of their own (batch, windows, tokens,
+    # features), chunks a fused projection in three, scales the keys and writes both products
+    # with einsum; its stages' streams go through swapaxes.
+    model = tiny_maxvit()
+    x = torch.randn(2, 3, 32, 32)
+    sn = at.compile(model, x[:1], config=CONFIG).eval()
+    heads = {v.name: v.choices for v in sn.space.variables if v.kind == "heads"}
+    assert heads == {"block3.num_heads": (1, 2), "block6.num_heads": (1, 2), "block11.num_heads": (2, 3, 4),
+                     "block14.num_heads": (2, 3, 4)}
+    assert [v.values for v in sn.space.variables if v.kind == "embedding"] == [(8, 12, 16), (16, 24, 32)]
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-5)
+    net = sn.extract({"block11.num_heads": 2})
+    # The reference: the model with the dropped heads' columns of the output projection zeroed.
+    reference = tiny_maxvit()
+    attn = reference.blocks[1].layers[0].layers.window_attention.attn_layer[1]
+    merge = "net.block11.body.blocks.1.layers.0.layers.window_attention.attn_layer.1.merge.weight"
+    keep = _head_of(dict(sn.named_parameters())[merge].detach()[:, :16], attn.merge.weight.detach(), 8)
+    with torch.no_grad():
+        for i in set(range(4)) - set(keep):
+            attn.merge.weight[:, i * 8:(i + 1) * 8] = 0
+        assert torch.allclose(net(x), reference(x), atol=1e-5)
+
+
+def test_an_einsum_that_is_a_matrix_product_becomes_one() -> None:
+    from autotailor.compiler.normalize import einsum_as_matmul
+
+    def f(a, b, c):
+        scores = torch.einsum("b h i d, b h j d -> b h i j", a, b)
+        return torch.einsum("bhij,bhjd->bhid", scores, c), torch.einsum("bhid,bhid->bh", a, c)
+
+    gm = torch.fx.symbolic_trace(f)
+    a, b, c = torch.randn(3, 2, 3, 5, 4).unbind(0)
+    expected = gm(a, b, c)
+    assert einsum_as_matmul(gm) == 2  # the third sums over the features: not a matrix product
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"].count(torch.einsum) == 1
+    for got, want in zip(gm(a, b, c), expected):
+        assert torch.allclose(got, want, atol=1e-6)
 
 
 def tiny_levit() -> nn.Module:

@@ -7,6 +7,9 @@ channels-first LayerNorm). torch.fx traces through those, leaving a function cal
 fed by parameter reads. This pass rewrites each such call into a call of the equivalent torch
 layer that holds the *same* parameter objects, so every later pass sees one kind of operator.
 Adding a function is one ``@functional_layer`` builder.
+
+``einsum_as_matmul`` likewise writes a two-operand ``einsum`` that is a batched matrix product
+(MaxViT's attention) as ``matmul`` and ``transpose``, which the later passes read.
 """
 
 from __future__ import annotations
@@ -211,5 +214,47 @@ def loosen_reshapes(gm: fx.GraphModule) -> int:
         node.args = (node.args[0], *loose)
         count += 1
     if count:
+        gm.recompile()
+    return count
+
+
+def _matmul_operands(equation: str) -> tuple[bool, bool] | None:
+    """For ``"...ic,...cj->...ij"`` with either operand's last two letters swapped: whether to
+    transpose the first operand and the second. None for any other equation."""
+    inputs, arrow, output = equation.replace(" ", "").partition("->")
+    parts = inputs.split(",")
+    if not arrow or len(parts) != 2 or "." in equation or any(len(set(p)) != len(p) for p in (*parts, output)):
+        return None
+    a, b = parts
+    batch = output[:-2]
+    if len(output) < 2 or a[:-2] != batch or b[:-2] != batch:
+        return None
+    i, j = output[-2:]
+    (shared,) = set(a[-2:]) & set(b[-2:]) or {None}
+    if shared is None or {*a[-2:]} != {i, shared} or {*b[-2:]} != {shared, j} or i == j:
+        return None
+    return a[-2:] != i + shared, b[-2:] != shared + j
+
+
+def einsum_as_matmul(gm: fx.GraphModule) -> int:
+    """Rewrite ``torch.einsum(eq, a, b)`` that is a batched matrix product into ``a @ b`` with the
+    transposes it needs, in place. Returns how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_function" and node.target is torch.einsum and len(node.args) == 3
+                and isinstance(node.args[0], str) and not node.kwargs):
+            continue
+        plan = _matmul_operands(node.args[0])
+        if plan is None:
+            continue
+        with gm.graph.inserting_before(node):
+            a, b = (gm.graph.call_method("transpose", (x, -2, -1)) if flip else x
+                    for x, flip in zip(node.args[1:], plan))
+            product = gm.graph.call_function(torch.matmul, (a, b))
+        node.replace_all_uses_with(product)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.graph.lint()
         gm.recompile()
     return count

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -77,18 +78,18 @@ class HeadAttention(nn.Module):
 
     def _attend(self, q, k, v, mask, window_mask, head_scale, h: int, d: int, dv: int,
                 scale: float | None) -> torch.Tensor:
-        b, n = q.shape[0], q.shape[1]
+        # Tokens on the second axis from the end, any axes before them (MaxViT: batch, windows).
         if self.fused:
-            parts = q.reshape(b, n, h, 2 * d + dv).split([d, d, dv], -1)
-            q, k, v = parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)
+            parts = q.unflatten(-1, (h, 2 * d + dv)).split([d, d, dv], -1)
+            q, k, v = parts[0].transpose(-3, -2), parts[1].transpose(-3, -2), parts[2].transpose(-3, -2)
         elif self.kv_fused:
-            q = q.reshape(b, n, h, d).transpose(1, 2)
-            kv = k.reshape(b, k.shape[1], h, d + dv).split([d, dv], -1)
-            k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)
+            q = q.unflatten(-1, (h, d)).transpose(-3, -2)
+            kv = k.unflatten(-1, (h, d + dv)).split([d, dv], -1)
+            k, v = kv[0].transpose(-3, -2), kv[1].transpose(-3, -2)
         else:
-            q = q.reshape(b, n, h, d).transpose(1, 2)
-            k = k.reshape(b, k.shape[1], h, d).transpose(1, 2)
-            v = v.reshape(b, v.shape[1], h, dv).transpose(1, 2)
+            q = q.unflatten(-1, (h, d)).transpose(-3, -2)
+            k = k.unflatten(-1, (h, d)).transpose(-3, -2)
+            v = v.unflatten(-1, (h, dv)).transpose(-3, -2)
         if self.masked == "per_head":
             mask = mask[..., :h, :, :]
         q, k = self.q_norm(q), self.k_norm(k)
@@ -102,10 +103,10 @@ class HeadAttention(nn.Module):
             s = (q * (scale if scale is not None else d ** -0.5)) @ k.transpose(-2, -1)
             if mask is not None:
                 s = s + mask
-            windows, m = window_mask.shape[-4], s.shape[-1]
+            windows, n, m = window_mask.shape[-4], s.shape[-2], s.shape[-1]
             s = (s.view(-1, windows, h, n, m) + window_mask).view(-1, h, n, m)
             x = s.softmax(-1) @ v
-        return x.transpose(1, 2).reshape(b, n, h * dv)
+        return x.transpose(-3, -2).flatten(-2)
 
 
 @dataclass(frozen=True)
@@ -206,10 +207,10 @@ class HeadAttentionHandler(OpHandler):
     def costs(self, facts: dict[str, Any], ins: list[Shape], out: Shape, kernel: int | None) -> tuple[int, int]:
         # Scores and weighted sum: tokens x keys x (q/k + value features, summed over the heads);
         # the sums read off the shapes, whatever the heads, q/k and value widths kept.
-        b, n, values = out[0], out[1], out[-1]
-        m = n if facts["fused"] else ins[1][1]
+        tokens, values = math.prod(out[:-1]), out[-1]
+        m = out[-2] if facts["fused"] else ins[1][-2]
         queries = (ins[0][-1] - values) // 2 if facts["fused"] else ins[0][-1]
-        return b * n * m * (queries + values), facts["params"]
+        return tokens * m * (queries + values), facts["params"]
 
 
 def head_widths(core: HeadAttention) -> dict[str, int]:
@@ -393,8 +394,9 @@ def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int | None]]:
 
 
 # -- recognition ------------------------------------------------------------------------------------
-_VIEW_METHODS = {"reshape", "view", "permute", "transpose", "unbind", "contiguous", "flatten", "split"}
-_VIEW_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.unbind, torch.flatten, operator.getitem}
+_VIEW_METHODS = {"reshape", "view", "permute", "transpose", "unbind", "contiguous", "flatten", "split", "chunk"}
+_VIEW_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.unbind, torch.flatten, torch.chunk,
+                   operator.getitem}
 
 
 def _is_view(node: fx.Node) -> bool:
@@ -483,8 +485,9 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     else:
         dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
     shape = node_shape(node)
-    if shape is None or len(shape) != 4 or dim is None or dim % 4 != 3:
+    if shape is None or len(shape) < 4 or dim is None or dim % len(shape) != len(shape) - 1:
         return None
+    rank = len(shape)
     inside, out = {node}, node
     while len(out.users) == 1 and _passes_through(gm, next(iter(out.users))):
         out = next(iter(out.users))
@@ -516,10 +519,14 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     if _is(q, {operator.mul}) and _float(q.args[1]) is not None and scale == 1.0:
         inside.add(q)
         q, scale = q.args[0], _float(q.args[1])
-    if _is(kt, {"transpose", torch.transpose}) and {a % 4 for a in kt.args[1:3]} == {2, 3}:
+    transposed = _is(kt, {"transpose", torch.transpose}) and {a % rank for a in kt.args[1:3]} == {rank - 2, rank - 1}
+    k = kt.args[0] if transposed else kt
+    if _is(k, {operator.mul}) and _float(k.args[1]) is not None and scale == 1.0:
+        inside.add(k)  # the scale on the keys (MaxViT): q @ (k s)^T is s (q @ k^T)
+        k, scale = k.args[0], _float(k.args[1])
+    if transposed:
         inside.add(kt)
-        return _assemble(gm, q, kt.args[0], product.args[1], masks, scale, product, inside)
-    return _assemble(gm, q, kt, product.args[1], masks, scale, product, inside, k_transposed=True)  # LeViT
+    return _assemble(gm, q, k, product.args[1], masks, scale, product, inside, k_transposed=not transposed)  # LeViT
 
 
 def _head_factor(arg: object) -> bool:
@@ -583,15 +590,16 @@ def _window_add(scores: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | 
 
 def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dict[str, fx.Node],
               scale: float | None, out: fx.Node, inside: set[fx.Node], k_transposed: bool = False) -> _Found | None:
-    """The attention with per-head ``q``, ``k``, ``v`` (B, heads, N, dim; ``k`` (B, heads, dim, N)
-    if ``k_transposed``) whose result is ``out``: its projections, the heads merged again, and the
-    operator that replaces it all."""
+    """The attention with per-head ``q``, ``k``, ``v`` (..., heads, N, dim; ``k`` (..., heads, dim,
+    N) if ``k_transposed``) whose result is ``out``: its projections, the heads merged again, and
+    the operator that replaces it all."""
     shapes = [node_shape(x) for x in (q, k, v)]
-    if any(s is None or len(s) != 4 for s in shapes):
+    if any(s is None or len(s) < 4 for s in shapes):
         return None
     if k_transposed:
-        shapes[1] = (*shapes[1][:2], shapes[1][3], shapes[1][2])
-    (b, heads, n, d), (_, _, m, _), (_, _, _, dv) = shapes
+        shapes[1] = (*shapes[1][:-2], shapes[1][-1], shapes[1][-2])
+    lead = shapes[0][:-3]  # the batch, and the windows where a model keeps them apart (MaxViT)
+    (heads, n, d), (_, m, _), (_, _, dv) = (s[-3:] for s in shapes)
     if not all(isinstance(m, fx.Node) and (node_shape(m) or ())[-3:-2] in ((1,), (heads,)) for m in masks.values()):
         return None
     found = [_trace_back(gm, x, dim, inside) for x, dim in ((q, d), (k, d), (v, dv))]
@@ -608,18 +616,20 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
             return None
     elif fused:
         sources = sources[:1]
-        split = [node_shape(u) for u in sources[0].users]
-        # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d)) are put head-major
-        # below; LeViT's are [head][q, k, v] already (view(B, N, H, -1)).
-        qkv_major = len(split) == 1 and len(split[0]) == 5 and split[0][2:4] == (3, heads) and d == dv and \
-            isinstance(_module(gm, sources[0]), nn.Linear)
-        head_major = len(split) == 1 and len(split[0]) == 4 and split[0][2] == heads
+        users = list(sources[0].users)
+        split = [node_shape(u) for u in users]
+        # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d); MaxViT, chunked in three
+        # along the features) are put head-major below; LeViT's are [head][q, k, v] already
+        # (view(B, N, H, -1)).
+        qkv_major = len(split) == 1 and d == dv and isinstance(_module(gm, sources[0]), nn.Linear) and (
+            (split[0] is not None and len(split[0]) >= 5 and split[0][-3:-1] == (3, heads)) or _thirds(users[0]))
+        head_major = len(split) == 1 and split[0] is not None and len(split[0]) == 4 and split[0][2] == heads
         if not (qkv_major or head_major) or node_shape(sources[0])[-1] != heads * (2 * d + dv) or n != m:
             return None
     elif len(set(sources)) != 3 or [node_shape(s)[-1] for s in sources] != [heads * d, heads * d, heads * dv]:
         return None
     merged = out
-    while node_shape(merged) != (b, n, heads * dv):
+    while node_shape(merged) != (*lead, n, heads * dv):
         users = list(merged.users)
         if len(users) != 1 or not _is_view(users[0]):
             return None
@@ -629,6 +639,15 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
     core.masked, core.windowed, core.scaled = (kind.get(k, "") for k in ("mask", "window_mask", "head_scale"))
     return _Found(sources, merged, core, inside, masks, qkv_major)
+
+
+def _thirds(node: fx.Node) -> bool:
+    """``chunk(x, 3, dim=-1)``: three equal parts of the features."""
+    if not _is(node, {torch.chunk, "chunk"}):
+        return False
+    bound = bind(node, ("input", "chunks", "dim"))
+    shape = node_shape(node.args[0])
+    return bound.get("chunks") == 3 and shape is not None and bound.get("dim", 0) % len(shape) == len(shape) - 1
 
 
 def _closed(found: _Found) -> bool:

@@ -182,7 +182,7 @@ class Roll(Elementwise):
         return None
 
 
-@register(torch.transpose, "transpose")
+@register(torch.transpose, torch.swapaxes, torch.swapdims, "transpose", "swapaxes", "swapdims")
 class Transpose(Elementwise):
     def channels(self, a, node: fx.Node) -> Track | None:
         t = a.track(node.args[0])
@@ -190,7 +190,8 @@ class Transpose(Elementwise):
             return None
         bound = bind(node, ("input", "dim0", "dim1"))
         nd = len(node_shape(node.args[0]))
-        d0, d1 = bound["dim0"] % nd, bound["dim1"] % nd
+        # torch.swapaxes names them axis0 and axis1
+        d0, d1 = bound.get("dim0", bound.get("axis0")) % nd, bound.get("dim1", bound.get("axis1")) % nd
         return Track({d0: d1, d1: d0}.get(t.axis, t.axis), t.gid)
 
 
