@@ -4,6 +4,7 @@ ONNX and load without AutoTailor."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from collections import Counter
@@ -101,10 +102,10 @@ def test_dropping_heads_equals_the_model_without_those_heads() -> None:
 
 
 @pytest.mark.parametrize("make", ["timm_vit", "torchvision_vit", "tiny_swin", "tiny_torchvision_swin",
-                                  "tiny_torchvision_swin_v2", "tiny_levit", "tiny_maxvit"])
+                                  "tiny_torchvision_swin_v2", "tiny_levit", "tiny_maxvit", "tiny_efficientvit"])
 def test_random_transformer_subnets_extract_exactly_and_run_in_onnx_runtime(make, tmp_path) -> None:
     model = globals()[make]()
-    size = 64 if make == "tiny_levit" else 32
+    size = 64 if make in ("tiny_levit", "tiny_efficientvit") else 32
     sn = at.compile(model, torch.randn(1, 3, size, size), config=f"[var.global_vars]\nresolution = [{size}]\n").eval()
     x = torch.randn(1, 3, size, size)
     for seed in range(3):
@@ -272,6 +273,51 @@ def test_maxvit_attention_over_windows_written_with_einsum_gets_heads() -> None:
         for i in set(range(4)) - set(keep):
             attn.merge.weight[:, i * 8:(i + 1) * 8] = 0
         assert torch.allclose(net(x), reference(x), atol=1e-5)
+
+
+def tiny_efficientvit() -> nn.Module:
+    from timm.models.efficientvit_mit import EfficientVit
+
+    torch.manual_seed(0)
+    return well_conditioned(EfficientVit(widths=(8, 16, 24, 32, 48), depths=(1, 1, 1, 2, 1), head_dim=8,
+                                         head_widths=(64, 80), num_classes=10)).eval()
+
+
+def test_efficientvit_linear_attention_gets_heads() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autotailor.predict.latency import CostModel, KernelPlan
+
+    # EfficientViT's attention is linear (ReLU kernels, values padded with ones) over the heads of
+    # a 1x1 convolution, aggregated at a second scale by a depthwise and a grouped convolution;
+    # its output convolution reads both scales' heads.
+    model = tiny_efficientvit()
+    x = torch.randn(2, 3, 64, 64)
+    sn = at.compile(model, x[:1], config="[var.global_vars]\nresolution = [64]\n").eval()
+    heads = {v.name: v.choices for v in sn.space.variables if v.kind == "heads"}
+    assert heads == {"block3.num_heads": (2, 3, 4), "block5.num_heads": (2, 3, 4), "block8.num_heads": (3, 4, 6)}
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-5)
+    net = sn.extract({"block8.num_heads": 3})
+    # The reference: the model with the dropped heads' columns of the output convolution zeroed,
+    # at both scales (its input channels are [scale][head][dim]).
+    reference = tiny_efficientvit()
+    attn = reference.stages[3].blocks[1].context_module.main
+    qkv = dict(sn.named_parameters())["net.block8.body.stages.3.blocks.1.context_module.main.qkv.conv.weight"]
+    keep = _head_of(qkv.detach().flatten(1).t()[:, :3 * 24], attn.qkv.conv.weight.detach().flatten(1).t(), 24)
+    with torch.no_grad():
+        for i, scale in itertools.product(set(range(6)) - set(keep), range(2)):
+            attn.proj.conv.weight[:, (scale * 6 + i) * 8:(scale * 6 + i + 1) * 8] = 0
+        assert torch.allclose(net(x), reference(x), atol=1e-5)
+    # Counted costs are those of the SubNet as it runs (torch's own count of its products).
+    costs = CostModel(KernelPlan(sn, "none"))
+    for seed in range(3):
+        arch = sn.space.complete(sn.space.sample(seed))
+        net = sn.extract(arch)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            net(x[:1])
+        assert costs.costs(arch).macs == counter.get_total_flops() // 2
+        assert costs.costs(arch).params == sum(p.numel() for p in net.parameters())
 
 
 def test_an_einsum_that_is_a_matrix_product_becomes_one() -> None:

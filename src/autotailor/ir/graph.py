@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Callable
+
 import torch
 import torch.fx as fx
+
+log = logging.getLogger(__name__)
 
 
 def get_attr(root: torch.nn.Module, target: str) -> object:
@@ -60,3 +65,61 @@ def from_input(node: fx.Node, flow: set[fx.Node] | frozenset[fx.Node] = frozense
                 seen.add(a)
                 stack.append(a)
     return False
+
+
+Undo = Callable[[], None]
+
+
+def free_name(gm: fx.GraphModule, name: str) -> str:
+    """``name``, or ``name1``, ``name2``, ... : the first that is not a submodule of ``gm``."""
+    cand, i = name, 1
+    while True:
+        try:
+            gm.get_submodule(cand)
+        except AttributeError:
+            return cand
+        cand, i = f"{name}{i}", i + 1
+
+
+def rewrite_checked(gm: fx.GraphModule, example: torch.Tensor, candidates: list[fx.Node],
+                    rewrite: Callable[[fx.GraphModule, fx.Node], list[Undo] | None], what: str) -> int:
+    """Apply ``rewrite(gm, node)`` to each of ``candidates`` (it returns None where it does not
+    apply, else what undoes its changes to modules), in place; then run ``gm`` on ``example``,
+    and undo it all if the output changed. Returns how many were rewritten."""
+    if not candidates:
+        return 0
+    with torch.no_grad():
+        reference = gm(example)
+    saved = gm.graph
+    gm.graph = _copy_graph(saved)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    undo: list[Undo] = []
+    count = 0
+    for c in candidates:
+        done = rewrite(gm, nodes[c.name])
+        if done is not None:
+            undo += done
+            count += 1
+    if count:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        with torch.no_grad():
+            result = gm(example)
+        if torch.allclose(result, reference, rtol=1e-4, atol=1e-5 * float(reference.abs().max()) + 1e-6):
+            gm.graph.lint()
+            log.info("recognised %d %s", count, what)
+            return count
+        log.warning("%s recognised at %s does not reproduce the model (max difference %.3g); left as it is", what,
+                    ", ".join(c.name for c in candidates), float((result - reference).abs().max()))
+    for step in reversed(undo):
+        step()
+    gm.graph = saved
+    gm.recompile()
+    return 0
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    new = fx.Graph(owning_module=graph.owning_module)
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new

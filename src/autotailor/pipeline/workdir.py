@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 CONFIG = "config.json"
 SENSITIVITY = "sensitivity.json"
 LUT = "latency.sqlite"
+CALIBRATION_SECONDS = 30.0  # what a first calibration's timings span at least (see ``DeviceSetup.calibrate``)
+CALIBRATION_ROUNDS = 4
 
 
 #: What the steps write into a work directory: ``compile --force`` deletes these and nothing else.
@@ -229,10 +232,16 @@ class DeviceSetup:
         return costs, calibration_archs(self.plan.sn.space, costs)
 
     def calibrate(self, on_subnet: Callable[[int, int], None] | None = None) -> int:
-        """Measure the calibration SubNets the LUT lacks; how many were measured (see ``measure``)."""
+        """Measure the calibration SubNets the LUT lacks; how many were measured (see ``measure``).
+
+        They are timed in rounds until the timings span ``CALIBRATION_SECONDS`` (at most
+        ``CALIBRATION_ROUNDS``): a whole model's speed relative to the reference kernel wanders
+        by a few percent from one 10-second spell to the next, and an in-model factor fitted to
+        one short spell carries it into every prediction."""
         if self.cache_fixed:
             return 0
-        return len(self.measure(self._calibration()[1], on_subnet))
+        return len(self.measure(self._calibration()[1], on_subnet, min_seconds=CALIBRATION_SECONDS,
+                                max_rounds=CALIBRATION_ROUNDS))
 
     def time_deployed(self, files: Sequence[tuple[Path, Any]], on_timed: Callable[[int, int], None] | None = None
                       ) -> list[Any]:
@@ -278,11 +287,12 @@ class DeviceSetup:
         return None if speed is None else speed.median_ms
 
     def measure(self, archs: list[dict[str, Any]], on_subnet: Callable[[int, int], None] | None = None,
-                again: bool = False) -> list[dict[str, Any]]:
+                again: bool = False, min_seconds: float = 0.0, max_rounds: int = 1) -> list[dict[str, Any]]:
         """Measure the whole SubNets ``archs`` (complete architectures) that the LUT lacks (with
         ``again``, all of them: a stored measurement becomes the mean of its timings), exported
-        and run as deployed (``time_deployed``), and store them; the ones measured.
-        Every stored SubNet of this space takes part in the ``CacheModel`` fit of ``predictor``.
+        and run as deployed (``time_deployed``), and store them; the ones measured. They are
+        timed again until ``min_seconds`` have passed, ``max_rounds`` times at most, and each
+        SubNet's rounds pooled. Every stored SubNet of this space takes part in the ``CacheModel`` fit of ``predictor``.
 
         Each is stored with its reference reading and read back at the LUT's machine speed
         (``measured``): a VM's speed drifts by tens of percent for tens of seconds at a time,
@@ -308,11 +318,18 @@ class DeviceSetup:
                 files.append((self.backend.deploy(self.plan.sn.extract(arch).eval(), Path(tmp) / f"subnet{i}", shape),
                               shape))
             progress = None if on_subnet is None else lambda done, total: on_subnet(done // 2, total // 2)
-            timed = self.time_deployed(files, on_timed=progress)
+            started = time.perf_counter()
+            rounds = [self.time_deployed(files, on_timed=progress)]
+            while len(rounds) < max_rounds and time.perf_counter() - started < min_seconds:
+                rounds.append(self.time_deployed(files, on_timed=progress))
+        if len(rounds) > 1:
+            log.info("%d SubNets timed in %d rounds, %.0f s", len(files), len(rounds), time.perf_counter() - started)
         with self.open_store() as store:
-            for arch, m in zip(missing, timed):
-                old = stored.get(subnet_key(arch))
-                store.put(self.subnet_target, subnet_key(arch), m if old is None else pooled(old, m))
+            for i, arch in enumerate(missing):
+                m = stored.get(subnet_key(arch))
+                for timed in rounds:
+                    m = timed[i] if m is None else pooled(m, timed[i])
+                store.put(self.subnet_target, subnet_key(arch), m)
         return missing
 
     def measured(self) -> dict[str, float]:

@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.frontends import without_fixed_inputs
-from autotailor.ir.graph import bind, carries_tensors, from_input, node_shape, set_attr
+from autotailor.ir.graph import bind, carries_tensors, free_name, from_input, node_shape, rewrite_checked, set_attr
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
 from autotailor.ir.ops.linear import DynLinear
@@ -683,7 +683,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | No
         return None
     first = found.sources[0]
     owner = (first if first.op == "call_module" else first.args[1]).target.rpartition(".")[0]
-    target = _free_name(gm, f"{owner}.heads" if owner else "heads")
+    target = free_name(gm, f"{owner}.heads" if owner else "heads")
     gm.add_submodule(target, found.core)
     with gm.graph.inserting_after(found.merged):
         call = gm.graph.call_module(target, tuple(found.sources), dict(found.masks))
@@ -818,16 +818,6 @@ def _rewrite_mha(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] 
     return [undo, lambda: set_attr(gm, node.target, mha)]
 
 
-def _free_name(gm: fx.GraphModule, name: str) -> str:
-    cand, i = name, 1
-    while True:
-        try:
-            gm.get_submodule(cand)
-        except AttributeError:
-            return cand
-        cand, i = f"{name}{i}", i + 1
-
-
 def _candidate(gm: fx.GraphModule, node: fx.Node) -> bool:
     return _is(node, {F.scaled_dot_product_attention, *_SOFTMAX}) or isinstance(
         _module(gm, node), (nn.MultiheadAttention, nn.Softmax))
@@ -837,46 +827,9 @@ def _candidate(gm: fx.GraphModule, node: fx.Node) -> bool:
 def recognise_attention(gm: fx.GraphModule, example: torch.Tensor) -> int:
     """Replace every multi-head attention found (see the module docstring) by ``HeadAttention``,
     in place; checked on ``example`` and undone if the output changes. Returns how many."""
+
+    def rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | None:
+        return _rewrite_mha(gm, node) if isinstance(_module(gm, node), nn.MultiheadAttention) else _rewrite(gm, node)
+
     candidates = [n for n in gm.graph.nodes if _candidate(gm, n)]
-    if not candidates:
-        return 0
-    with torch.no_grad():
-        reference = gm(example)
-    saved = gm.graph
-    gm.graph = _copy_graph(saved)
-    nodes = {n.name: n for n in gm.graph.nodes}
-    undo: list[Callable[[], None]] = []
-    count = 0
-    for c in candidates:
-        node = nodes[c.name]
-        mha = isinstance(_module(gm, node), nn.MultiheadAttention)
-        done = _rewrite_mha(gm, node) if mha else _rewrite(gm, node)
-        if done is not None:
-            undo += done
-            count += 1
-    if not count:
-        gm.graph = saved
-        gm.recompile()
-        return 0
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-    with torch.no_grad():
-        result = gm(example)
-    if torch.allclose(result, reference, rtol=1e-4, atol=1e-5 * float(reference.abs().max()) + 1e-6):
-        gm.graph.lint()
-        log.info("recognised %d multi-head attention(s)", count)
-        return count
-    log.warning("attention recognised at %s does not reproduce the model (max difference %.3g); left as it is",
-                ", ".join(c.name for c in candidates), float((result - reference).abs().max()))
-    for step in reversed(undo):
-        step()
-    gm.graph = saved
-    gm.recompile()
-    return 0
-
-
-def _copy_graph(graph: fx.Graph) -> fx.Graph:
-    new = fx.Graph(owning_module=graph.owning_module)
-    out = new.graph_copy(graph, {})
-    new.output(out)
-    return new
+    return rewrite_checked(gm, example, candidates, rewrite, "multi-head attention(s)")
