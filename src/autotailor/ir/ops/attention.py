@@ -526,7 +526,8 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
         k, scale = k.args[0], _float(k.args[1])
     if transposed:
         inside.add(kt)
-    return _assemble(gm, q, k, product.args[1], masks, scale, product, inside, k_transposed=not transposed)  # LeViT
+    # LeViT keeps its keys transposed (no transpose before the product)
+    return _assemble(gm, q, k, product.args[1], masks, scale, product, inside, k_transposed=not transposed)
 
 
 def _head_factor(arg: object) -> bool:

@@ -167,7 +167,8 @@ def _find(gm: fx.GraphModule, pad: fx.Node) -> _Found | None:
     inside = {pad}
     v_part = pad.args[0]
     chunk = v_part.args[0] if _is(v_part, {operator.getitem}) and v_part.args[1] == 2 else None
-    if not _is(chunk, {"chunk", torch.chunk}) or bind(chunk, ("input", "chunks", "dim")).get("chunks") != 3:
+    chunked = bind(chunk, ("input", "chunks", "dim")) if _is(chunk, {"chunk", torch.chunk}) else {}
+    if chunked.get("chunks") != 3 or chunked.get("dim", 0) % 4 != 3:  # q, k, v: thirds of the last axis
         return None
     parts = {u.args[1]: u for u in chunk.users if _is(u, {operator.getitem})}
     if set(parts) != {0, 1, 2} or len(chunk.users) != 3:
