@@ -16,15 +16,19 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   model pruned with Torch-Pruning (L1 magnitude, one ratio for every layer, the classifier
   kept) at each of ``RATIOS``, fine-tuned with the recipe of ``train_base.py`` at the tuning's
   learning rate. Together they get the SuperNet tuning's image-steps (images times networks
-  trained on them: 3,128 batches of 64 for 4 SubNets each), each ratio a fifth
-  (``NESTDNN_STEPS``); their weights are kept in ``benchmarks/artifacts/``.
+  trained on them: 3,128 batches of 64 for 4 SubNets each, per tuning cycle), each ratio a fifth
+  (``NESTDNN_STEPS`` a cycle); their weights are kept in ``benchmarks/artifacts/``.
 - **AdaptiveNet-style** (``adaptivenet.py``): the base model's residual blocks with shrunk,
   merged and skipped variants, the new blocks trained for as many image-steps (``ADAPTIVENET_STEPS``
-  batches of one path each; half branch-wise
+  batches of one path each a cycle; half branch-wise
   distillation, half tuning on the labels, the originals frozen), and for every third of
   AutoTailor's budgets (``ADAPTIVENET_EVERY``: those of an 8-budget search) its Nearby search on
   its own per-block latency table, accuracy measured on the validation sample AutoTailor's
   finalists use.
+
+A schedule of several tuning cycles (``tuning_schedules.CONTINUES``: a warm restart from the
+previous cycle's weights) gives each baseline as many cycles of its own, each from the previous
+one's weights (``cycles``).
 
 Every model is evaluated on the 10,000 CIFAR-10 test images (AutoTailor's SubNets with
 BatchNorm recalibrated on 2,048 training images, as the search does) and timed as ONNX on
@@ -65,7 +69,7 @@ from common import State, default_cifar10, head_commit, machine, save_figure, wr
 
 MODELS = ("resnet18", "mobilenet_v2")
 # each model's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
-SCHEDULE = {"resnet18": "sandwich4-4ep", "mobilenet_v2": "sandwich4-4ep"}
+SCHEDULE = {"resnet18": "sandwich4-4ep", "mobilenet_v2": "sandwich4-4ep+4ep"}
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
@@ -154,11 +158,16 @@ def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
 def forget_autotailor(state: State, model: str) -> None:
     """Drop ``model``'s AutoTailor points (tuned with another schedule) and every latency of its
     baselines: its SubNets are searched again on a new profile, and all are timed again beside
-    the new profile's reference kernel."""
+    the new profile's reference kernel. Baseline points trained for another number of cycles go
+    too (AdaptiveNet-style's all: its searches run at AutoTailor's new budgets)."""
     state.put({}, model, "autotailor")
     state.put(None, model, "autotailor_budgets")
     for method in METHODS[1:]:
-        for key, point in (state.get(model, method) or {}).items():
+        points = state.get(model, method) or {}
+        if method == "adaptivenet" or any(p.get("cycles", 1) != cycles(model) for p in points.values()):
+            state.put({}, model, method)
+            continue
+        for key, point in points.items():
             state.put({k: v for k, v in point.items() if k not in ("latency_ms", "raw_latency_ms")}, model, method, key)
     state.put(SCHEDULE[model], model, "autotailor_schedule")
 
@@ -177,58 +186,87 @@ def pruned(model: str, ratio: float) -> torch.nn.Module:
     return net
 
 
+def cycles(model: str) -> int:
+    """The training cycles every method of ``model`` gets: as many as its SuperNet's schedule."""
+    return tuning_schedules.cycles(SCHEDULE[model])
+
+
 def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) -> None:
-    """Each ratio's pruned model fine-tuned for ``steps`` batches (or its kept weights), then its
-    test accuracy."""
+    """Each ratio's pruned model fine-tuned for ``steps`` batches a cycle (or its kept weights),
+    then its test accuracy."""
     import torch_pruning as tp
     from autotailor.data import BatchLoader, load_data
 
     train, test = load_data(f"cifar10:{data}", seed=0)
     loader = BatchLoader(train, train_base.BATCH, train=True, seed=0)
+    rounds = cycles(model)
     for ratio in RATIOS:
         key = f"{ratio:g}"
-        if state.get(model, "nestdnn", key) is not None:
+        if (state.get(model, "nestdnn", key) or {}).get("cycles", 1) == rounds:
             continue
-        net, kept = pruned(model, ratio), nestdnn_artifact(model, ratio)
-        macs, params = tp.utils.count_ops_and_params(net, torch.randn(1, 3, 32, 32))
+        macs, params = tp.utils.count_ops_and_params(pruned(model, ratio), torch.randn(1, 3, 32, 32))
         started, cpu = time.perf_counter(), time.process_time()
-        if kept.is_file():
-            net.load_state_dict({k: v.float() if v.is_floating_point() else v
-                                 for k, v in torch.load(kept, map_location="cpu").items()})
-        else:
-            train_base.train(net, loader, steps, work / model / f"nestdnn_{key}.ckpt", 200,
-                             f"{model} NestDNN* {key}", lr=LR, warmup=WARMUP)
-            torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
+        net = nestdnn_model(model, ratio, rounds, loader, steps, work)
         accuracy = train_base.evaluate(net.eval(), test)
-        state.put({"ratio": ratio, "accuracy": accuracy, "macs": int(macs), "params": int(params), "steps": steps,
-                   "train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started},
-                  model, "nestdnn", key)
+        state.put({"ratio": ratio, "accuracy": accuracy, "macs": int(macs), "params": int(params),
+                   "steps": rounds * steps, "cycles": rounds, "train_cpu_seconds": time.process_time() - cpu,
+                   "train_seconds": time.perf_counter() - started}, model, "nestdnn", key)
         print(f"{model} NestDNN* {key}: {100 * accuracy:.2f} % at {macs / 1e6:.1f} M MACs", flush=True)
 
 
-def nestdnn_artifact(model: str, ratio: float) -> Path:
+def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int = NESTDNN_STEPS,
+                  work: Path | None = None) -> torch.nn.Module:
+    """The NestDNN* model of ``ratio`` after ``cycle`` cycles of fine-tuning, each continuing the
+    previous one's weights: its kept weights, else trained (needs ``loader`` and ``work``)."""
+    net, kept = pruned(model, ratio), nestdnn_artifact(model, ratio, cycle)
+    if kept.is_file():
+        net.load_state_dict({k: v.float() if v.is_floating_point() else v
+                             for k, v in torch.load(kept, map_location="cpu").items()})
+        return net
+    if loader is None or work is None:
+        raise SystemExit(f"{kept} is missing: run benchmarks/baselines.py --models {model} --train-only")
+    if cycle > 1:
+        net = nestdnn_model(model, ratio, cycle - 1, loader, steps, work)
+    key = f"{ratio:g}" + ("" if cycle == 1 else f"_cycle{cycle}")
+    train_base.train(net, loader, steps, work / model / f"nestdnn_{key}.ckpt", 200, f"{model} NestDNN* {key}",
+                     lr=LR, warmup=WARMUP)
+    torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
+    return net
+
+
+def nestdnn_artifact(model: str, ratio: float, cycle: int = 1) -> Path:
     """Where a NestDNN* model's fine-tuned weights are kept (fp16 state dict of ``pruned``)."""
-    return HERE / "artifacts" / f"{model}_cifar10_nestdnn{ratio:g}.fp16.pt"
+    return HERE / "artifacts" / f"{model}_cifar10_nestdnn{ratio:g}{'' if cycle == 1 else f'_cycle{cycle}'}.fp16.pt"
+
+
+def _adaptivenet_files(model: str, work: Path, cycle: int) -> tuple[Path, str]:
+    """The checkpoint of ``model``'s AdaptiveNet-style training cycle ``cycle`` and its artifact's name."""
+    suffix = "" if cycle == 1 else f"_cycle{cycle}"
+    return work / model / f"adaptivenet{suffix}.ckpt", f"{model}_adaptivenet{suffix}"
 
 
 def adaptivenet_net(model: str, work: Path, steps: int, data: str):
-    """The AdaptiveNet-style SuperNet of ``model``, trained (resumable)."""
+    """The AdaptiveNet-style SuperNet of ``model``, trained for ``cycles`` cycles of ``steps``
+    (resumable), each continuing the previous one's blocks."""
     from autotailor.data import BatchLoader, load_data
 
     net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
     train, _ = load_data(f"cifar10:{data}", seed=0)
-    ckpt, kept = work / model / "adaptivenet.ckpt", train_base.from_snapshot(f"{model}_adaptivenet")
-    adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps, ckpt, lr=LR, fallback=kept)
-    if kept is None or kept["step"] < steps:  # the trained blocks (without momentum) kept for later sessions
-        train_base.snapshot(f"{model}_adaptivenet", {**torch.load(ckpt, map_location="cpu"), "momentum": {}})
+    for cycle in range(1, cycles(model) + 1):
+        ckpt, name = _adaptivenet_files(model, work, cycle)
+        kept = train_base.from_snapshot(name)
+        adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps, ckpt, lr=LR,
+                          fallback=kept)
+        if kept is None or kept["step"] < steps:  # the trained blocks (without momentum) kept for later sessions
+            train_base.snapshot(name, {**torch.load(ckpt, map_location="cpu"), "momentum": {}})
     return net
 
 
 def _trained_blocks(model: str, work: Path):
     """The trained AdaptiveNet-style SuperNet of ``model`` from its checkpoint."""
     net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
-    ckpt = work / model / "adaptivenet.ckpt"
-    state = torch.load(ckpt, map_location="cpu") if ckpt.is_file() else train_base.from_snapshot(f"{model}_adaptivenet")
+    ckpt, name = _adaptivenet_files(model, work, cycles(model))
+    state = torch.load(ckpt, map_location="cpu") if ckpt.is_file() else train_base.from_snapshot(name)
     net.variants.load_state_dict(state["model"])
     return net.eval()
 
@@ -248,9 +286,9 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: i
         return
     started, cpu = time.perf_counter(), time.process_time()
     net = adaptivenet_net(model, work, steps, data)
-    if state.get(model, "adaptivenet_cost") is None:
+    if (state.get(model, "adaptivenet_cost") or {}).get("cycles", 1) != cycles(model):
         state.put({"train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started,
-                   "steps": steps}, model, "adaptivenet_cost")
+                   "steps": cycles(model) * steps, "cycles": cycles(model)}, model, "adaptivenet_cost")
     table = state.get(model, "adaptivenet_table")
     if table is None:
         name, options = parse_device(DEVICE)
@@ -314,10 +352,7 @@ def time_all(state: State, model: str, work: Path) -> None:
                 blocks = blocks or _trained_blocks(model, work)
                 net = blocks.subnet(tuple(tuple(c) for c in point["path"]))
             else:
-                net = pruned(model, point["ratio"])
-                net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in
-                                     torch.load(nestdnn_artifact(model, point["ratio"]),
-                                                map_location="cpu").items()})
+                net = nestdnn_model(model, point["ratio"], cycles(model))
             files.append((setup.backend.deploy(net.eval(), Path(tmp) / f"m{i}", shape), shape))
         timed = setup.time_deployed(files)
     ref = setup.reference_ms()
@@ -362,7 +397,7 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
             kernels, first, last = db.execute("SELECT COUNT(*), MIN(measured_at), MAX(measured_at) FROM entries "
                                               "WHERE target IN (SELECT id FROM targets WHERE settings NOT LIKE "
                                               "'%\"model\"%')").fetchone()
-        rows.append({"key": "autotailor", "method": "AutoTailor", "image_steps": STEPS * tuning_schedules.BATCH * 4,
+        rows.append({"key": "autotailor", "method": "AutoTailor", "image_steps": cycles(model) * STEPS * tuning_schedules.BATCH * 4,
                      "profiling": f"{kernels} kernel timings in {last - first:.0f} s",
                      "evaluations": f"{len(sens['deltas']) + 1} SubNets on {sens['validation_images']} images "
                                     f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
@@ -375,7 +410,7 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
     table = state.get(model, "adaptivenet_table") or {}
     if found:
-        rows.append({"key": "adaptivenet", "method": "AdaptiveNet-style", "image_steps": ADAPTIVENET_STEPS * train_base.BATCH,
+        rows.append({"key": "adaptivenet", "method": "AdaptiveNet-style", "image_steps": cycles(model) * ADAPTIVENET_STEPS * train_base.BATCH,
                      "profiling": f"{len(table) - 2} block timings",
                      "evaluations": f"{max(p['evaluations'] for p in found)} paths on the validation images",
                      "search": f"{sum(p['search_cpu_seconds'] for p in found):.0f} CPU-s of Nearby search "
@@ -479,6 +514,8 @@ def main() -> None:
     p.add_argument("--train-only", action="store_true",
                    help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
                         "blocks (no latency measured: for a busy machine)")
+    p.add_argument("--methods", default="nestdnn,adaptivenet",
+                   help="the baselines --train-only trains (two processes can train one each)")
     p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
                    "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
     p.add_argument("--report-only", action="store_true")
@@ -496,16 +533,19 @@ def main() -> None:
             forget_autotailor(state, model)
     if args.snapshot:
         for model in args.models.split(","):
-            ckpt = work / model / "adaptivenet.ckpt"
-            if ckpt.is_file():
-                print(*train_base.snapshot(f"{model}_adaptivenet", torch.load(ckpt, map_location="cpu")))
+            for cycle in range(1, cycles(model) + 1):
+                ckpt, name = _adaptivenet_files(model, work, cycle)
+                if ckpt.is_file():
+                    print(*train_base.snapshot(name, torch.load(ckpt, map_location="cpu")))
         return
     if not args.report_only:
         for model in args.models.split(","):
             (work / model).mkdir(exist_ok=True)
             if args.train_only:
-                nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
-                adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
+                if "nestdnn" in args.methods.split(","):
+                    nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
+                if "adaptivenet" in args.methods.split(","):
+                    adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
                 continue
             autotailor_points(state, model, args.data, work)
             nestdnn_points(state, model, args.data, work, args.nestdnn_steps)

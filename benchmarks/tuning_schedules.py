@@ -120,6 +120,12 @@ def supernet(model: str, schedule: str, data: str, work: Path):
     return at.load(folder)
 
 
+def cycles(schedule: str) -> int:
+    """How many tuning cycles ``schedule`` is (each continued schedule one more than its parent):
+    the baselines get as many of theirs."""
+    return 1 + (cycles(CONTINUES[schedule]) if schedule in CONTINUES else 0)
+
+
 def checkpoint_artifact(model: str, schedule: str) -> Path:
     """Where ``--snapshot`` keeps an unfinished tuning's checkpoint (weights, momentum, step: an
     exact resume), for a later session whose work directory is gone."""
