@@ -437,7 +437,8 @@ def report(state: State) -> None:
         auto = [p for p in (state.get(model, "autotailor") or {}).values() if "latency_ms" in p]
         if not auto:
             continue
-        lines += [f"## {model}", ""]
+        lines += [f"## {model}", "", f"AutoTailor's SuperNet tuned with `{SCHEDULE[model]}` ({cycles(model)} cycle(s) of "
+                  f"{STEPS:,} steps); each baseline trained for as many cycles of its own.", ""]
         for method, (label, name) in BASELINES.items():
             base = [p for p in (state.get(model, method) or {}).values() if "latency_ms" in p]
             if not base:

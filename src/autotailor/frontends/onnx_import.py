@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any, Callable
 
+import torch
 import torch.fx as fx
 
 from autotailor.errors import ModelLoadError
@@ -12,10 +14,76 @@ from autotailor.errors import ModelLoadError
 log = logging.getLogger(__name__)
 
 
+# Operator versions that only added element types (ONNX's operator changelog), converted as the
+# version onnx2torch knows: torch's exporter writes opset 20 by default, and onnx2torch stops at
+# 17-18 for these.
+_NEW_TYPES_ONLY = {("Shape", 19): 15, ("Shape", 21): 15, ("Reshape", 19): 14, ("Reshape", 21): 14,
+                   ("Cast", 19): 13, ("Cast", 21): 13, ("Constant", 19): 13, ("Constant", 21): 13,
+                   ("ConstantOfShape", 20): 9, ("ConstantOfShape", 21): 9, ("Equal", 19): 13,
+                   ("Identity", 19): 16, ("Identity", 21): 16,
+                   ("Flatten", 21): 13, ("Transpose", 21): 13, ("Unsqueeze", 21): 13}
+_REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceSumSquare", "ReduceProd")
+# Versions that added something a node may not use: converted as the older one where it does not.
+_NEW_UNLESS_USED = {
+    ("Split", 18): (13, lambda node: node.attributes.get("num_outputs", len(node.output_values))
+                    == len(node.output_values)),
+    ("Pad", 18): (13, lambda node: len(node.input_values) <= 3),  # no axes input
+    ("Pad", 19): (13, lambda node: len(node.input_values) <= 3 and node.attributes.get("mode") != "wrap"),
+    ("ScatterND", 18): (16, lambda node: node.attributes.get("reduction", "none") in ("none", "add", "mul")),
+}
+
+
+def _register_converters() -> None:
+    """Teach onnx2torch the newer versions above, and ``Gelu`` (opset 20)."""
+    from onnx2torch.node_converters.registry import add_converter, get_converter
+    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+    def gelu(node, graph):  # noqa: ARG001 - onnx2torch's converter signature
+        return OperationConverterResult(torch_module=torch.nn.GELU(node.attributes.get("approximate", "none")),
+                                        onnx_mapping=onnx_mapping_from_node(node=node))
+
+    def unless_used(op: str, old: int, allowed: Callable[[Any], bool]):
+        def convert(node, graph):
+            if not allowed(node):
+                raise NotImplementedError(f"{op} {node.name!r} uses what opset {old} lacks")
+            return get_converter(op, old)(node, graph)
+
+        return convert
+
+    def reduce_axes_input(node, graph):  # opset 18 moved a reduction's axes from attribute to input
+        from onnx2torch.node_converters.reduce import OnnxReduceStaticAxes
+        from onnx2torch.utils.common import OnnxMapping, get_const_value
+
+        axes = None
+        if len(node.input_values) > 1:
+            try:
+                axes = get_const_value(node.input_values[1], graph).tolist()
+            except KeyError as exc:
+                raise NotImplementedError(f"{node.operation_type} {node.name!r} takes its axes at run time") from exc
+        if not axes and node.attributes.get("noop_with_empty_axes", 0):
+            raise NotImplementedError(f"{node.operation_type} {node.name!r} reduces nothing")
+        return OperationConverterResult(
+            torch_module=OnnxReduceStaticAxes(node.operation_type, axes, node.attributes.get("keepdims", 1)),
+            onnx_mapping=OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values))
+
+    converters = {(op, new): get_converter(op, old) for (op, new), old in _NEW_TYPES_ONLY.items()}
+    converters.update({(op, 18): reduce_axes_input for op in _REDUCTIONS})
+    converters.update({(op, new): unless_used(op, old, allowed)
+                       for (op, new), (old, allowed) in _NEW_UNLESS_USED.items()})
+    converters[("Gelu", 20)] = gelu
+    for (op, version), converter in converters.items():
+        try:
+            add_converter(operation_type=op, version=version)(converter)
+        except ValueError:  # registered already (by a newer onnx2torch, or an earlier call)
+            pass
+
+
 def import_onnx(path: str | Path) -> fx.GraphModule:
     """Load ``path`` and convert it to an fx GraphModule with onnx2torch."""
     import onnx
     import onnx2torch
+
+    _register_converters()
 
     path = Path(path)
     if not path.is_file():
@@ -36,6 +104,12 @@ def import_onnx(path: str | Path) -> fx.GraphModule:
             f"{path}: an operator is not supported by onnx2torch ({exc}). "
             "Export with torch.onnx.export(..., dynamo=False, opset_version=17) or compile the PyTorch module."
         ) from exc
+    for layer in gm.modules():
+        # onnx2torch sizes a LayerNorm from its input's recorded shape, which an export leaves
+        # unknown after a reshape computed at run time (Swin): its scale has the size.
+        if isinstance(layer, torch.nn.LayerNorm) and layer.weight is not None \
+                and tuple(layer.normalized_shape) != tuple(layer.weight.shape):
+            layer.normalized_shape = tuple(layer.weight.shape)
     gm.eval()
     return gm
 
