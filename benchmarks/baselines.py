@@ -102,7 +102,8 @@ def autotailor_work(model: str, data: str, work: Path) -> Path:
 
     folder = work / model / "autotailor"
     schedule = SCHEDULE[model]
-    if (folder / "schedule").is_file() and (folder / "schedule").read_text().strip() != schedule:
+    made = (folder / "schedule").read_text().strip() if (folder / "schedule").is_file() else None
+    if folder.is_dir() and made != schedule:
         shutil.rmtree(folder)  # tuned with another schedule: compiled, profiled and searched again
     if not (folder / "supernet.pt").is_file():
         kept = tuning_schedules.tuned_artifact(model, schedule)
