@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -33,8 +34,9 @@ _NEW_UNLESS_USED = {
 }
 
 
+@functools.cache
 def _register_converters() -> None:
-    """Teach onnx2torch the newer versions above, and ``Gelu`` (opset 20)."""
+    """Teach onnx2torch the newer versions above, and ``Gelu`` (opset 20), once."""
     from onnx2torch.node_converters.registry import add_converter, get_converter
     from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
 
@@ -74,7 +76,7 @@ def _register_converters() -> None:
     for (op, version), converter in converters.items():
         try:
             add_converter(operation_type=op, version=version)(converter)
-        except ValueError:  # registered already (by a newer onnx2torch, or an earlier call)
+        except ValueError:  # a newer onnx2torch has it
             pass
 
 

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 CONFIG = "config.json"
 SENSITIVITY = "sensitivity.json"
 LUT = "latency.sqlite"
-CALIBRATION_SECONDS = 30.0  # what a first calibration's timings span at least (see ``DeviceSetup.calibrate``)
+CALIBRATION_SECONDS = 30.0  # what a calibration's timings span at least (see ``DeviceSetup.calibrate``)
 CALIBRATION_ROUNDS = 4
 
 
@@ -292,7 +292,8 @@ class DeviceSetup:
         ``again``, all of them: a stored measurement becomes the mean of its timings), exported
         and run as deployed (``time_deployed``), and store them; the ones measured. They are
         timed again until ``min_seconds`` have passed, ``max_rounds`` times at most, and each
-        SubNet's rounds pooled. Every stored SubNet of this space takes part in the ``CacheModel`` fit of ``predictor``.
+        SubNet's rounds pooled. Every stored SubNet of this space takes part in the
+        ``CacheModel`` fit of ``predictor``.
 
         Each is stored with its reference reading and read back at the LUT's machine speed
         (``measured``): a VM's speed drifts by tens of percent for tens of seconds at a time,
