@@ -39,6 +39,11 @@ def node_shape(node: object) -> tuple[int, ...] | None:
     return tuple(shape) if shape is not None else None
 
 
+def calls(node: object, targets: set) -> bool:
+    """Whether ``node`` calls one of ``targets`` (functions, or method names)."""
+    return isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and node.target in targets
+
+
 def carries_tensors(node: fx.Node) -> bool:
     """Whether the node's value holds a floating-point tensor (not only sizes, indices or
     other Python values)."""

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import bind, carries_tensors, free_name, from_input, node_shape, rewrite_checked, set_attr
+from autotailor.ir.graph import calls as _is
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
 from autotailor.ir.ops.linear import DynLinear
@@ -472,10 +473,6 @@ def _find_sdpa(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
 _MATMUL = {operator.matmul, torch.matmul, "matmul"}
 _ADD = {operator.add, torch.add, "add"}
 _SOFTMAX = {F.softmax, torch.softmax, "softmax"}
-
-
-def _is(node: object, targets: set) -> bool:
-    return isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and node.target in targets
 
 
 def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:

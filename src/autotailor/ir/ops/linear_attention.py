@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import bind, free_name, node_shape, rewrite_checked
+from autotailor.ir.graph import calls as _is
 from autotailor.ir.handlers import Member, Shape, Track, register, register_rewrite
 from autotailor.ir.ops.attention import HeadAttention, HeadAttentionHandler, HeadsSpec
 from autotailor.ir.operators import Operator
@@ -129,10 +130,6 @@ class LinearHeadAttentionHandler(HeadAttentionHandler):
 
 
 # -- recognition ------------------------------------------------------------------------------------
-def _is(node: object, targets: set) -> bool:
-    return isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and node.target in targets
-
-
 def _sole_user(node: fx.Node) -> fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
 
