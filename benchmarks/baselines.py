@@ -2,7 +2,7 @@
 
 Reproduce (from the repository root, after `make install`; hours on 2 cores, resumable)::
 
-    .venv/bin/python benchmarks/tuning_schedules.py --schedules sandwich4-4ep   # the tuned SuperNets (``SCHEDULE``)
+    .venv/bin/python benchmarks/tuning_schedules.py --schedules sandwich4-4ep,sandwich4-4ep+4ep   # ``SCHEDULE``
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/baselines.py --data ../shared/data/cifar10
     .venv/bin/python benchmarks/baselines.py --report-only
 

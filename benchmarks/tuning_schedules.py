@@ -9,7 +9,8 @@ Reproduce (from the repository root, after `make install`; needs the base models
 
 For each model (ResNet-18 and MobileNetV2 of ``cifar_models``, their trained weights), the
 SuperNet compiled at 32 px with the default space, and for each schedule (``SCHEDULES``:
-``untuned``, the trained base model's weights as they are, or `autotailor tune` flags) the
+``untuned``, the trained base model's weights as they are, or `autotailor tune` flags, from the
+base model or, for a schedule in ``CONTINUES``, from another schedule's kept weights) the
 largest, the smallest and ``--random`` seeded
 random SubNets are evaluated on the 10,000 test images with BatchNorm recalibrated on 2,048
 training images. MACs are counted from the shapes. Schedules in ``KEPT`` (hours) keep their
