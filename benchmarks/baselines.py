@@ -69,7 +69,7 @@ from common import State, default_cifar10, head_commit, machine, save_figure, wr
 
 MODELS = ("resnet18", "mobilenet_v2")
 # each model's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
-SCHEDULE = {"resnet18": "sandwich4-4ep", "mobilenet_v2": "sandwich4-4ep+4ep"}
+SCHEDULE = {"resnet18": "sandwich4-4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep"}
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
@@ -377,10 +377,10 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
 
 # CPU-minutes of the training that made each method's kept weights, as benchmarks/artifacts/README.md
 # records them (1 thread of an AMD EPYC vCPU, beside other work); the runs here load those weights.
-TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60", ("mobilenet_v2", "autotailor"): "about 60 + 39",
-                 ("resnet18", "nestdnn"): "about 75 (5 x ~15)",
+TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60 + 38", ("mobilenet_v2", "autotailor"): "about 60 + 39",
+                 ("resnet18", "nestdnn"): "about 75 (5 x ~15) + 36 (5 x 2-15)",
                  ("mobilenet_v2", "nestdnn"): "20-60 (5 x 4-12) + 38 (5 x 3-12)",
-                 ("resnet18", "adaptivenet"): "116", ("mobilenet_v2", "adaptivenet"): "about 80 + 42"}
+                 ("resnet18", "adaptivenet"): "116 + 52", ("mobilenet_v2", "adaptivenet"): "about 80 + 42"}
 
 
 def costs(state: State, model: str, work: Path) -> list[dict]:
