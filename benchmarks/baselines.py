@@ -154,6 +154,17 @@ def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
         state.put({"arch": arch, "accuracy": accuracy, "macs": c.macs, "params": c.params,
                    "predicted_accuracy": chosen.accuracy}, model, "autotailor", chosen.budget)
         print(f"{model} AutoTailor {chosen.budget}: {100 * accuracy:.2f} % at {c.macs / 1e6:.1f} M MACs", flush=True)
+    # NestDNN*'s architecture (every width at the kept fraction, all layers, full resolution) as a
+    # SubNet of the tuned SuperNet, where every width variable has that fraction: how much of a gap
+    # at a ratio is the shared weights rather than the search's choice
+    for ratio in RATIOS:
+        keep = round(1 - ratio, 6)
+        widths = [v for v in sn.space.variables if v.kind == "width"]
+        if state.get(model, "nestdnn_arch", f"{ratio:g}") is not None or any(keep not in v.choices for v in widths):
+            continue
+        arch = sn.space.complete({**sn.space.max(), **{v.name: keep for v in widths}})
+        accuracy = evaluate(sn, arch, batches, calibration)
+        state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs}, model, "nestdnn_arch", f"{ratio:g}")
 
 
 def forget_autotailor(state: State, model: str) -> None:
@@ -162,6 +173,7 @@ def forget_autotailor(state: State, model: str) -> None:
     the new profile's reference kernel. Baseline points trained for another number of cycles go
     too (AdaptiveNet-style's all: its searches run at AutoTailor's new budgets)."""
     state.put({}, model, "autotailor")
+    state.put({}, model, "nestdnn_arch")
     state.put(None, model, "autotailor_budgets")
     for method in METHODS[1:]:
         points = state.get(model, method) or {}
@@ -461,6 +473,11 @@ def report(state: State) -> None:
                              + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
                                         else "none as accurate") + " |")
             lines.append("")
+            if method == "nestdnn" and state.get(model, "nestdnn_arch"):
+                lines += ["NestDNN*'s architecture as a SubNet of AutoTailor's SuperNet (shared weights; ratios whose "
+                          "kept fraction every width variable has): " + ", ".join(
+                              f"{k}: {100 * v['accuracy']:.2f} % at {v['macs'] / 1e6:.1f} M MACs"
+                              for k, v in state.get(model, "nestdnn_arch").items()) + ".", ""]
         lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs |",
                   "|---|---|---|---|---|"]
         for key, a in sorted(state.get(model, "autotailor").items(), key=lambda kv: kv[1].get("latency_ms", 0)):

@@ -12,7 +12,7 @@ reference slows down as the models do. This benchmark times, on ``--backend`` at
 the smallest, the largest and ``--subnets`` random SubNets of ``--model`` (random weights,
 default space, 224 px), each with every candidate reference read just before and just after
 it (the product's design: the lower of the two readings), in rounds until ``--minutes`` have
-passed. Candidates (``CANDIDATES``): the product's kernel, kernels whose weights or
+passed. Candidates (``candidates()``): the product's kernel, kernels whose weights or
 activations live in the shared cache or memory, a mobile block, and the model's largest
 SubNet; sums of two are scored too. For each SubNet and candidate: how much the SubNet's time
 over the reference's varies from round to round (robust spread, percent), against the
@@ -78,6 +78,7 @@ def run_timing(args: argparse.Namespace) -> dict:
     rng = random.Random(0)
     archs = {"smallest": sn.space.min(), "largest": sn.space.max(),
              **{f"random{i}": sn.space.sample(rng) for i in range(args.subnets)}}
+    started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp, torch_on_one_thread():
         runs: dict[str, Callable[[], object]] = {}
         for name, arch in archs.items():
@@ -102,8 +103,7 @@ def run_timing(args: argparse.Namespace) -> dict:
             rounds.append({"t": time.time() - started, "order": list(order), "slots": slots, "subnets": subnets})
     return {"model": args.model, "backend": args.backend, "minutes": args.minutes, "rounds": rounds,
             "candidates": {k: v[2] for k, v in candidates().items()} | {"largest": "the model's largest SubNet"},
-            "machine": machine("onnxruntime"), "commit": head_commit(), "started": time.strftime(
-                "%Y-%m-%d %H:%M UTC", time.gmtime(time.time() - 60 * args.minutes))}
+            "machine": machine("onnxruntime"), "commit": head_commit(), "started": started_at}
 
 
 def _spread(logs: list[float]) -> float:
