@@ -78,6 +78,17 @@ class State:
         write_text(self.path, json.dumps(self.data, indent=1))
 
 
+def labelled_runs(work: str | Path, name: str) -> State:
+    """The state of a benchmark that keeps each run under a label (``runs`` -> label -> run) in
+    ``work``/state.json. On a new machine it starts from the committed ``results/name.json``'s
+    ``raw`` state, so that runs on different machines or under different loads add up."""
+    path, committed = Path(work) / "state.json", Path(__file__).resolve().parent / "results" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() and committed.is_file():
+        path.write_text(json.dumps(json.loads(committed.read_text())["raw"]))
+    return State(path)
+
+
 def write_results(folder: str | Path, name: str, data: dict, text: str) -> None:
     """``folder/name.json`` and ``folder/name.md``, then the Markdown on stdout."""
     folder = Path(folder)

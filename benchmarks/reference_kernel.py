@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import random
 import tempfile
@@ -38,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from common import State, head_commit, machine, write_results
+from common import State, head_commit, labelled_runs, machine, write_results
 from torch import nn
 
 import autotailor as at
@@ -198,11 +197,7 @@ def main() -> None:
     p.add_argument("--work", default=str(HERE / "work" / "reference_kernel"))
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
-    Path(args.work).mkdir(parents=True, exist_ok=True)
-    path, committed = Path(args.work) / "state.json", HERE / "results" / "reference_kernel.json"
-    if not path.is_file() and committed.is_file():  # a new machine: the committed runs, to which this one adds
-        path.write_text(json.dumps(json.loads(committed.read_text())["raw"]))
-    state = State(path)
+    state = labelled_runs(args.work, "reference_kernel")
     if not args.report_only:
         state.put(run_timing(args), "runs", args.label)
     report(state)

@@ -30,6 +30,10 @@ The Markdown ends with the latency predictor's figures for DeiT-tiny and LeViT-1
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/latency_predictor.py \
         --models timm:deit_tiny_patch16_224,timm:levit_128s --backends ort-cpu,ncnn --variants fused
 
+Rows are kept in ``--work``/state.json. On a new machine it starts from the committed rows, so a
+run that measures none only redraws the latency section (under the header of the run that
+measured the rows).
+
 Results: ``benchmarks/results/transformers.{json,md}``, written after every model.
 """
 
@@ -138,9 +142,13 @@ def measure(row_name: str) -> dict:
     return row
 
 
-def report(state: State, command: str) -> None:
-    m = machine("torch", "torchvision", "timm", "onnxruntime")
-    commit = head_commit()
+HEADER = "_measured_by"  # state key: machine, commit and command of the run that last measured a row
+
+
+def report(state: State) -> None:
+    """The rows under the header (machine, commit, command) of the run that last measured one."""
+    header = state.get(HEADER)
+    m, commit, command = header["machine"], header["commit"], header["command"]
     lines = ["# Vision transformers compiled (default space, 224 px)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchvision {m['torchvision']}, "
              f"timm {m['timm']}, onnxruntime {m['onnxruntime']}; commit {commit}. Command: `{command}`.", "",
@@ -169,7 +177,8 @@ def report(state: State, command: str) -> None:
         lines += ["", "What the compiler said about resolutions:", ""]
         lines += [f"- {spec}: {s[:300]}" for spec, s in said]
     write_results(HERE / "results", "transformers", {"machine": m, "commit": commit, "command": command,
-                                                      "rows": state.data}, "\n".join(lines) + "\n")
+                                                      "rows": {k: v for k, v in state.data.items() if k != HEADER}},
+                  "\n".join(lines) + "\n")
 
 
 LATENCY_MODELS = ("timm:deit_tiny_patch16_224", "timm:levit_128s")
@@ -192,7 +201,8 @@ def _latency_lines() -> list[str]:
     for model, backend, r in rows:
         a, raw, noise = r["accuracy"]["fused"], r["accuracy_raw"].get("fused-sum", {}), r["noise"]["measurements"]
         at_ = r["measured_at"]
-        lines.append(f"| {model} | {backend} | {at_['time']}, {at_['commit']} | {r['enumeration']['fused']['kernels']} | "
+        lines.append(f"| {model} | {backend} | {at_['time']}, {at_['commit']}, {at_['machine']['cpu']} | "
+                     f"{r['enumeration']['fused']['kernels']} | "
                      f"{a['n']} | {a['within_10']:.1%} | {a['within_5']:.1%} | {a['mean_error']:+.1%} | "
                      f"{a['kendall_tau']:.3f} | {raw.get('within_10', float('nan')):.1%}, "
                      f"{raw.get('mean_error', float('nan')):+.1%} | {noise['within_5']:.1%}, "
@@ -210,7 +220,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    state = State(work / "state.json")
+    path, committed = work / "state.json", HERE / "results" / "transformers.json"
+    if not path.is_file() and committed.is_file():  # a new machine: the committed rows, to which this run adds
+        last = json.loads(committed.read_text())
+        path.write_text(json.dumps({**last["rows"], HEADER: {k: last[k] for k in ("machine", "commit", "command")}}))
+    state = State(path)
     command = "python benchmarks/transformers.py" + (f" --models {args.models}" if args.models != ",".join(ROWS)
                                                      else "")
     for spec in args.models.split(","):
@@ -221,9 +235,12 @@ def main() -> None:
         except Exception as exc:
             row = {"model": spec, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         state.put(row, spec)
+        state.put({"machine": machine("torch", "torchvision", "timm", "onnxruntime"), "commit": head_commit(),
+                   "command": command}, HEADER)
         print(spec, row.get("modifications", row.get("error")), flush=True)
-        report(state, command)
-    report(state, command)
+        report(state)
+    if state.get(HEADER) is not None:
+        report(state)
 
 
 if __name__ == "__main__":
