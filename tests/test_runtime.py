@@ -333,9 +333,11 @@ def test_the_forecast_policy_steps_down_under_a_real_load_and_back_up_when_it_en
     down = [t for t, s in switches if t >= 1.5 and s != "large"]
     assert down and down[0] < 2.7, switches  # within about a second of the load's start
     # While loaded, the largest runs only when the policy probes whether the load has gone: a
-    # few inferences each time, and each failed probe doubles the quiet period before the next.
+    # few inferences each time (counted, not timed: a busy host stretches each), and each failed
+    # probe doubles the quiet period before the next.
     probes = [(t, next((u for u, _ in switches if u > t), 99.0)) for t, s in switches if down[0] < t < 4.5 and s == "large"]
-    assert len(probes) <= 3 and all(end - start < 0.5 for start, end in probes), switches
+    runs = [sum(start <= round(r.start - t0, 2) < end for r in recs) for start, end in probes]
+    assert len(probes) <= 3 and all(n <= 6 for n in runs), (switches, runs)
     assert _share(recs, t0, down[0], 4.5, "large") < 0.35, switches
     up = [t for t, s in switches if t >= 4.5 and s == "large"]
     assert up and up[0] < 7.5, switches  # after the load, within the quiet period the probes left
