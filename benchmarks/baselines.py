@@ -157,9 +157,9 @@ def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
     # NestDNN*'s architecture (every width at the kept fraction, all layers, full resolution) as a
     # SubNet of the tuned SuperNet, where every width variable has that fraction: how much of a gap
     # at a ratio is the shared weights rather than the search's choice
+    widths = [v for v in sn.space.variables if v.kind == "width"]
     for ratio in RATIOS:
         keep = round(1 - ratio, 6)
-        widths = [v for v in sn.space.variables if v.kind == "width"]
         if state.get(model, "nestdnn_arch", f"{ratio:g}") is not None or any(keep not in v.choices for v in widths):
             continue
         arch = sn.space.complete({**sn.space.max(), **{v.name: keep for v in widths}})

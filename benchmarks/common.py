@@ -9,6 +9,7 @@ import platform
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -78,14 +79,14 @@ class State:
         write_text(self.path, json.dumps(self.data, indent=1))
 
 
-def labelled_runs(work: str | Path, name: str) -> State:
-    """The state of a benchmark that keeps each run under a label (``runs`` -> label -> run) in
-    ``work``/state.json. On a new machine it starts from the committed ``results/name.json``'s
-    ``raw`` state, so that runs on different machines or under different loads add up."""
+def resumed_state(work: str | Path, name: str, seed: Callable[[dict], dict] = lambda results: results["raw"]) -> State:
+    """The state in ``work``/state.json. On a new machine (no state there) it starts from the
+    committed ``results/name.json`` (``seed`` of it: by default its ``raw`` state), so that runs on
+    different machines or under different loads add up."""
     path, committed = Path(work) / "state.json", Path(__file__).resolve().parent / "results" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() and committed.is_file():
-        path.write_text(json.dumps(json.loads(committed.read_text())["raw"]))
+        path.write_text(json.dumps(seed(json.loads(committed.read_text()))))
     return State(path)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import State, head_commit, labelled_runs, machine, write_results
+from common import State, head_commit, resumed_state, machine, write_results
 
 import autotailor as at
 from autotailor.frontends import load_model
@@ -134,7 +134,7 @@ def main() -> None:
     p.add_argument("--work", default=str(HERE / "work" / "load_variation"))
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
-    state = labelled_runs(args.work, "load_variation")
+    state = resumed_state(args.work, "load_variation")
     if not args.report_only:
         state.put(run_timing(args), "runs", args.label)
     report(state)

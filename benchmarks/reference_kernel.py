@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from common import State, head_commit, labelled_runs, machine, write_results
+from common import State, head_commit, resumed_state, machine, write_results
 from torch import nn
 
 import autotailor as at
@@ -197,7 +197,7 @@ def main() -> None:
     p.add_argument("--work", default=str(HERE / "work" / "reference_kernel"))
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
-    state = labelled_runs(args.work, "reference_kernel")
+    state = resumed_state(args.work, "reference_kernel")
     if not args.report_only:
         state.put(run_timing(args), "runs", args.label)
     report(state)

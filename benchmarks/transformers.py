@@ -58,7 +58,7 @@ import autotailor as at  # noqa: E402
 from autotailor.deploy import export_onnx  # noqa: E402
 from autotailor.frontends import load_model  # noqa: E402
 from autotailor.testing import rel_err, well_conditioned  # noqa: E402
-from common import State, head_commit, machine, write_results  # noqa: E402
+from common import State, head_commit, machine, resumed_state, write_results  # noqa: E402
 
 MODELS = ("torchvision:vit_b_16", "torchvision:vit_b_32", "torchvision:swin_t", "torchvision:swin_v2_t",
           "torchvision:maxvit_t", "timm:vit_tiny_patch16_224", "timm:deit_tiny_patch16_224",
@@ -218,13 +218,9 @@ def main() -> None:
     p.add_argument("--again", action="store_true", help="measure models already in the state again")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    path, committed = work / "state.json", HERE / "results" / "transformers.json"
-    if not path.is_file() and committed.is_file():  # a new machine: the committed rows, to which this run adds
-        last = json.loads(committed.read_text())
-        path.write_text(json.dumps({**last["rows"], HEADER: {k: last[k] for k in ("machine", "commit", "command")}}))
-    state = State(path)
+    # on a new machine: the committed rows, under the header of the run that measured them
+    state = resumed_state(args.work, "transformers", lambda last: {
+        **last["rows"], HEADER: {k: last[k] for k in ("machine", "commit", "command")}})
     command = "python benchmarks/transformers.py" + (f" --models {args.models}" if args.models != ",".join(ROWS)
                                                      else "")
     for spec in args.models.split(","):
