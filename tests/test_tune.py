@@ -12,6 +12,7 @@ import torch.nn as nn
 import autotailor as at
 from autotailor.data import BatchLoader, load_data
 from autotailor.tune import TuneConfig, Tuner, evaluate
+from autotailor.tune.tuner import ALPHA_CLIP, DISTILL_LOSSES
 
 
 class SmallNet(nn.Module):
@@ -59,12 +60,12 @@ def test_training_then_tuning_learns_and_evaluation_restores_statistics(digits) 
     assert top > 0.7 and small > untuned_small, (top, small, untuned_small)
 
 
-@pytest.mark.parametrize("teacher", ["largest", "original"])
-def test_interrupted_tuning_resumes_exactly(digits, tmp_path, teacher: str) -> None:
+@pytest.mark.parametrize("teacher,distill_loss", [("largest", "kl"), ("original", "kl"), ("largest", "alpha")])
+def test_interrupted_tuning_resumes_exactly(digits, tmp_path, teacher: str, distill_loss: str) -> None:
     # with the original model as teacher, the resumed run teaches with the SuperNet it was given
     # (the weights tuning started from), not with those it resumed
     train, _ = digits
-    config = TuneConfig(steps=6, checkpoint_every=2, lr=0.05, teacher=teacher)
+    config = TuneConfig(steps=6, checkpoint_every=2, lr=0.05, teacher=teacher, distill_loss=distill_loss)
 
     def loader() -> BatchLoader:
         return BatchLoader(train, 32, train=True, resolution=16, seed=1)
@@ -89,9 +90,10 @@ def test_interrupted_tuning_resumes_exactly(digits, tmp_path, teacher: str) -> N
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     with pytest.raises(at.AutoTailorError, match="was written with other settings"):
-        Tuner(_supernet(), loader(), TuneConfig(steps=7, checkpoint_every=2, teacher=teacher), ckpt).resume()
-    other = _supernet()  # the two teachers train differently
-    Tuner(other, loader(), dataclasses.replace(config, teacher={"largest": "original"}.get(teacher, "largest"))).run()
+        Tuner(_supernet(), loader(), dataclasses.replace(config, steps=7), ckpt).resume()
+    other = _supernet()  # the two teachers, and the two losses, train differently
+    Tuner(other, loader(), dataclasses.replace(config, teacher={"largest": "original"}.get(teacher, "largest"))
+          if distill_loss == "kl" else dataclasses.replace(config, distill_loss="kl")).run()
     assert any(not torch.equal(a, b) for a, b in zip(other.state_dict().values(), straight.state_dict().values()))
 
 
@@ -101,6 +103,47 @@ def test_tune_config_errors() -> None:
     with pytest.raises(at.AutoTailorError,
                        match=r"tune.teacher = 'base' is not allowed; expected one of \('largest', 'original'\)"):
         TuneConfig(teacher="base")
+    with pytest.raises(at.AutoTailorError,
+                       match=r"tune.distill_loss = 'mse' is not allowed; expected one of \('kl', 'alpha'\)"):
+        TuneConfig(distill_loss="mse")
+
+
+def _divergence(a: float, p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """D_a(p||q) written out: KL(p||q) at a = 1, else (sum p^a q^(1-a) - 1) / (a (a - 1))."""
+    q = logits.softmax(1)
+    if a == 1.0:
+        return (p * (p / q).log()).sum(1).mean()
+    return ((p ** a * q ** (1 - a)).sum(1) - 1).div(a * (a - 1)).mean()
+
+
+def test_alpha_distillation_takes_the_larger_divergence_with_its_gradient() -> None:
+    alpha = DISTILL_LOSSES["alpha"]
+    torch.manual_seed(0)
+    teacher = torch.randn(8, 10).softmax(1)
+    near = (teacher.log() + 0.1 * torch.randn(8, 10)).requires_grad_(True)  # no weight reaches the clip
+    loss = alpha(teacher, near)
+    loss.backward()
+    exact = {a: _divergence(a, teacher, near) for a in (-1.0, 1.0)}
+    larger = max(exact, key=lambda a: float(exact[a]))
+    assert float(loss) == pytest.approx(float(exact[larger]), rel=1e-4)
+    grad = torch.autograd.grad(exact[larger], near)[0]
+    assert torch.allclose(near.grad, grad, atol=1e-6), (near.grad - grad).abs().max()
+    same = teacher.log().requires_grad_(True)
+    assert float(alpha(teacher, same)) == pytest.approx(0.0, abs=1e-6)
+    # a student confident where the teacher gives almost nothing: D_-1 is about 1e5, clipped at
+    # most (ALPHA_CLIP - 1) / 2 = 2, so the loss is KL's (4.15 here), and the gradient finite
+    sure = torch.full((1, 10), 1e-6).index_fill(1, torch.tensor([0]), 1.0)
+    sure = sure / sure.sum()
+    wrong = torch.zeros(1, 10).index_fill(1, torch.tensor([1]), 4.0).requires_grad_(True)
+    assert float(_divergence(-1.0, sure, wrong)) > 1e4
+    clipped = alpha(sure, wrong)
+    clipped.backward()
+    assert float(clipped) == pytest.approx(float(_divergence(1.0, sure, wrong.detach())), rel=1e-5)
+    assert (ALPHA_CLIP - 1) / 2 < float(clipped) < 5 and torch.isfinite(wrong.grad).all()
+    # KL's loss is the cross-entropy to the teacher: KL(p||q) plus the teacher's entropy
+    kl = DISTILL_LOSSES["kl"](teacher, near.detach())
+    entropy = -(teacher * teacher.log()).sum(1).mean()
+    assert float(kl) == pytest.approx(float(_divergence(1.0, teacher, near.detach()) + entropy), rel=1e-5)
 
 
 def test_settings_come_from_the_config_and_the_command_line_wins() -> None:

@@ -80,7 +80,7 @@ def _settings(cls, section: str, args: argparse.Namespace, values: dict[str, obj
 
 
 _TUNE_FLAGS = ("steps", "subnets", "optimizer", "lr", "weight_decay", "warmup_steps", "label_smoothing", "seed",
-               "checkpoint_every", "teacher")
+               "checkpoint_every", "teacher", "distill_loss")
 
 
 def _run_tuning(args: argparse.Namespace, subnets: int | None, name: str) -> int:
@@ -373,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", choices=("largest", "original"),
                    help="who teaches the SubNets: the step's largest SubNet (largest) or the model as tuning found it "
                         "(original)")
+    p.add_argument("--distill-loss", choices=("kl", "alpha"),
+                   help="how a SubNet is compared with its teacher: cross-entropy to its probabilities (kl) or "
+                        "AlphaNet's adaptive alpha-divergence (alpha)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("evaluate", help="accuracy of one SubNet, with BatchNorm recalibrated for it")

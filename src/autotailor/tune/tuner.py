@@ -41,6 +41,42 @@ log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "adamw")
 TEACHERS = ("largest", "original")
+ALPHA_RANGE = (-1.0, 1.0)  # AlphaNet's two divergences: alpha -1 (mode-seeking) and +1 (KL, mass-covering)
+ALPHA_CLIP = 5.0  # bound on the importance weights (p/q)^alpha, where the student's q is near 0
+
+
+def _kl_distill(teacher: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy to the teacher's probabilities: KL(teacher || student) up to a constant."""
+    return -(teacher * logits.log_softmax(1)).sum(1).mean()
+
+
+def _alpha_distill(teacher: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """AlphaNet's adaptive alpha-divergence (Wang et al., 2021): of D_a(p||q) at the two ends of
+    ``ALPHA_RANGE``, the larger for this batch, so that a student is pushed both where it is
+    overconfident and where it is not confident enough; KL's only pushes the latter.
+
+    D_a(p||q) = (sum_i q_i w_i - 1) / (a (a - 1)) with w_i = (p_i / q_i)^a (at a = 1, KL(p||q)),
+    whose gradient in the student's probabilities is -w_i / a. Where the teacher gives a class
+    almost nothing, w under a < 0 is unbounded: the weights are clipped at ``ALPHA_CLIP``, in the
+    gradient and in the value, which so stays within what the divergence check allows."""
+    log_q = logits.log_softmax(1)
+    log_p = teacher.clamp_min(1e-12).log()
+    q = log_q.exp()
+    weights = {a: (a * (log_p - log_q)).exp().clamp(max=ALPHA_CLIP).detach() for a in ALPHA_RANGE}
+
+    def value(a: float) -> torch.Tensor:
+        if a == 1.0:
+            return (teacher * (log_p - log_q)).sum(1).mean().detach()
+        return (((q * weights[a]).sum(1) - 1) / (a * (a - 1))).mean().detach()
+
+    values = {a: value(a) for a in ALPHA_RANGE}
+    a = max(values, key=lambda k: float(values[k]))
+    surrogate = -(weights[a] * q).sum(1).mean() / a  # its gradient is the divergence's (clipped)
+    return values[a] + surrogate - surrogate.detach()
+
+
+DISTILL_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "kl": _kl_distill, "alpha": _alpha_distill}
 
 
 @dataclass(frozen=True)
@@ -62,6 +98,9 @@ class TuneConfig:
     # weights tuning started from), frozen, teaches every SubNet, the largest included, each
     # loss the mean of the labels' and the teacher's (Once-for-All's knowledge distillation)
     teacher: str = "largest"
+    # how a student is compared with its teacher's probabilities: "kl" (cross-entropy to them)
+    # or "alpha" (AlphaNet's adaptive alpha-divergence)
+    distill_loss: str = "kl"
     seed: int = 0
     checkpoint_every: int = 100
 
@@ -75,6 +114,9 @@ class TuneConfig:
             raise AutoTailorError(f"tune.optimizer = {self.optimizer!r} is not allowed; expected one of {OPTIMIZERS}")
         if self.teacher not in TEACHERS:
             raise AutoTailorError(f"tune.teacher = {self.teacher!r} is not allowed; expected one of {TEACHERS}")
+        if self.distill_loss not in DISTILL_LOSSES:
+            raise AutoTailorError(f"tune.distill_loss = {self.distill_loss!r} is not allowed; expected one of "
+                                  f"{tuple(DISTILL_LOSSES)}")
         if self.steps < 1 or self.subnets < 1 or self.checkpoint_every < 1:
             raise AutoTailorError("tune.steps, tune.subnets and tune.checkpoint_every must be >= 1")
         ranges = {"lr": (self.lr, 0.0, math.inf, "a positive number"),
@@ -162,6 +204,7 @@ class Tuner:
         archs = self.sample(step)
         total = 0.0
         teacher = None
+        distill = DISTILL_LOSSES[self.config.distill_loss]
         if self._teacher is not None:
             with torch.no_grad():
                 teacher = self._teacher(at_resolution(x, self._teacher.input_shape()[-1])).softmax(1)
@@ -172,13 +215,13 @@ class Tuner:
                 out = self.sn(at_resolution(x, self.sn.input_shape()[-1]))
                 labels = F.cross_entropy(out, y, label_smoothing=self.config.label_smoothing)
                 if self._teacher is not None:
-                    loss = 0.5 * (labels - (teacher * out.log_softmax(1)).sum(1).mean())
+                    loss = 0.5 * (labels + distill(teacher, out))
                 elif j == 0 or not self.config.distill:
                     loss = labels
                     if j == 0:
                         teacher = out.detach().softmax(1)
                 else:
-                    loss = -(teacher * out.log_softmax(1)).sum(1).mean()
+                    loss = distill(teacher, out)
                 (loss / len(archs)).backward()
                 total += float(loss.detach()) / len(archs)
         if self.distributed:
