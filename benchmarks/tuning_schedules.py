@@ -41,6 +41,7 @@ MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
 BATCH = 64
 STEPS_PER_EPOCH = 782
+HALF = 0.5  # every width at half, all layers, full resolution: the architecture of NestDNN*'s ratio 0.5
 # schedule -> `autotailor tune` flags (None: the base model's weights as they are)
 SCHEDULES: dict[str, list[str] | None] = {
     "untuned": None,
@@ -161,6 +162,9 @@ def evaluate_schedule(state: State, model: str, schedule: str, data: str, random
     costs = CostModel(KernelPlan(sn, "none"))
     rng = random.Random(0)
     archs = {"largest": sn.space.max(), "smallest": sn.space.min()}
+    widths = [v for v in sn.space.variables if v.kind == "width"]
+    if all(HALF in v.choices for v in widths):  # NestDNN*'s ratio 0.5 as a SubNet (baselines.py)
+        archs["half"] = sn.space.complete({**sn.space.max(), **{v.name: HALF for v in widths}})
     archs.update({f"random{i:02d}": sn.space.complete(sn.space.sample(rng)) for i in range(randoms)})
     train, val = load_data(f"cifar10:{data}", seed=0)
     calib = BatchLoader(train, BATCH, train=True, resolution=32, seed=0)
@@ -184,8 +188,9 @@ def report(state: State) -> None:
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}; commit {commit}. "
              f"Command: `{command}` (resumes; `--report-only` rewrites this from the state). Accuracy on the 10,000 "
              f"test images, BatchNorm recalibrated on {CALIBRATION_IMAGES} training images; MACs counted.", "",
-             "| model | schedule | largest | smallest | random: median (min-max) | random: Spearman(MACs, accuracy) |",
-             "|---|---|---|---|---|---|"]
+             "| model | schedule | largest | smallest | every width halved | random: median (min-max) | "
+             "random: Spearman(MACs, accuracy) |",
+             "|---|---|---|---|---|---|---|"]
     summary = {}
     for model in MODELS:
         for schedule, subnets in (state.get(model) or {}).items():
@@ -197,9 +202,11 @@ def report(state: State) -> None:
             summary.setdefault(model, {})[schedule] = {
                 "largest": subnets["largest"]["accuracy"], "smallest": subnets["smallest"]["accuracy"],
                 "random_median": statistics.median(accs), "random_min": min(accs), "random_max": max(accs),
-                "spearman_macs_accuracy": rho, "random": len(rand)}
+                "spearman_macs_accuracy": rho, "random": len(rand),
+                "half": subnets["half"]["accuracy"] if "half" in subnets else None}
+            half = f"{100 * subnets['half']['accuracy']:.2f}" if "half" in subnets else "-"
             lines.append(f"| {model} | {schedule} | {100 * subnets['largest']['accuracy']:.2f} | "
-                         f"{100 * subnets['smallest']['accuracy']:.2f} | {100 * statistics.median(accs):.2f} "
+                         f"{100 * subnets['smallest']['accuracy']:.2f} | {half} | {100 * statistics.median(accs):.2f} "
                          f"({100 * min(accs):.2f}-{100 * max(accs):.2f}) | {rho:+.2f} |")
     doc = {"machine": m, "commit": commit, "command": command,
            "summary": summary, "raw": state.data}

@@ -124,22 +124,22 @@ def test_alpha_distillation_takes_the_larger_divergence_with_its_gradient() -> N
     loss = alpha(teacher, near)
     loss.backward()
     exact = {a: _divergence(a, teacher, near) for a in (-1.0, 1.0)}
-    larger = max(exact, key=lambda a: float(exact[a]))
-    assert float(loss) == pytest.approx(float(exact[larger]), rel=1e-4)
+    larger = max(exact, key=lambda a: exact[a].item())
+    assert loss.item() == pytest.approx(exact[larger].item(), rel=1e-4)
     grad = torch.autograd.grad(exact[larger], near)[0]
     assert torch.allclose(near.grad, grad, atol=1e-6), (near.grad - grad).abs().max()
     same = teacher.log().requires_grad_(True)
-    assert float(alpha(teacher, same)) == pytest.approx(0.0, abs=1e-6)
+    assert alpha(teacher, same).item() == pytest.approx(0.0, abs=1e-6)
     # a student confident where the teacher gives almost nothing: D_-1 is about 1e5, clipped at
     # most (ALPHA_CLIP - 1) / 2 = 2, so the loss is KL's (4.15 here), and the gradient finite
     sure = torch.full((1, 10), 1e-6).index_fill(1, torch.tensor([0]), 1.0)
     sure = sure / sure.sum()
     wrong = torch.zeros(1, 10).index_fill(1, torch.tensor([1]), 4.0).requires_grad_(True)
-    assert float(_divergence(-1.0, sure, wrong)) > 1e4
+    assert _divergence(-1.0, sure, wrong).item() > 1e4
     clipped = alpha(sure, wrong)
     clipped.backward()
-    assert float(clipped) == pytest.approx(float(_divergence(1.0, sure, wrong.detach())), rel=1e-5)
-    assert (ALPHA_CLIP - 1) / 2 < float(clipped) < 5 and torch.isfinite(wrong.grad).all()
+    assert clipped.item() == pytest.approx(_divergence(1.0, sure, wrong.detach()).item(), rel=1e-5)
+    assert (ALPHA_CLIP - 1) / 2 < clipped.item() < 5 and torch.isfinite(wrong.grad).all()
     # KL's loss is the cross-entropy to the teacher: KL(p||q) plus the teacher's entropy
     kl = DISTILL_LOSSES["kl"](teacher, near.detach())
     entropy = -(teacher * teacher.log()).sum(1).mean()
