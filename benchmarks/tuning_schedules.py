@@ -11,8 +11,8 @@ For each model (ResNet-18 and MobileNetV2 of ``cifar_models``, their trained wei
 SuperNet compiled at 32 px with the default space, and for each schedule (``SCHEDULES``:
 ``untuned``, the trained base model's weights as they are, or `autotailor tune` flags, from the
 base model or, for a schedule in ``CONTINUES``, from another schedule's kept weights) the
-largest, the smallest and ``--random`` seeded
-random SubNets are evaluated on the 10,000 test images with BatchNorm recalibrated on 2,048
+largest, the smallest, the one with every width halved (NestDNN*'s ratio-0.5 architecture, where
+every width variable has 0.5) and ``--random`` seeded random SubNets are evaluated on the 10,000 test images with BatchNorm recalibrated on 2,048
 training images. MACs are counted from the shapes. Schedules in ``KEPT`` (hours) keep their
 tuned weights in ``benchmarks/artifacts/MODEL_cifar10_SCHEDULE.fp16.pt``, reused instead of
 tuning again; ``--snapshot`` keeps an unfinished tuning's checkpoint there, and the next run
