@@ -19,7 +19,9 @@ batch 1, with the default space (no config):
   why the model does not convert);
 * what the compiler said about resolutions it dropped (why the model does not run at them).
 
-Rows named ``MODEL+SPACE`` compile a model again in a denser space of ``SPACES``: ``dense``, four
+Rows named ``MODEL@onnx`` compile the model's ONNX export (``torch.onnx.export``, opset 17)
+instead of its module, as a user who brings an ``.onnx`` file does (compile time includes the
+import). Rows named ``MODEL+SPACE`` compile a model again in a denser space of ``SPACES``: ``dense``, four
 choices instead of three for the heads, q/k and value widths of every attention; ``fine``, eighths
 of the model's size for every variable of LeViT's attention and MLP blocks and for the embedding
 (the paper's Table 3 counts its LeViT space at 324 modifications and 10^45 SubNets).
@@ -45,6 +47,7 @@ import logging
 import sys
 import tempfile
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -80,7 +83,10 @@ SPACES = {"dense": _space("[0.25, 0.5, 0.75, 1.0]", ("AttentionBlock",), ("heads
           "fine": _space("[0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]", ("AttentionBlock", "BranchBlock"),
                          ("heads_ratio", "qk_ratio", "v_ratio"), embed=True)
           + "ResidualBlock.expand_ratio = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]\n"}
-ROWS = MODELS + ("torchvision:vit_b_16+dense", "timm:levit_384+dense", "timm:levit_384+fine")
+ONNX = "@onnx"  # a row compiled from the model's ONNX export (opset 17) instead of its module
+ROWS = MODELS + ("torchvision:vit_b_16+dense", "timm:levit_384+dense", "timm:levit_384+fine") + tuple(
+    m + ONNX for m in ("torchvision:vit_b_16", "timm:deit_tiny_patch16_224", "timm:swin_tiny_patch4_window7_224",
+                       "timm:levit_128s"))
 
 
 class _Said(logging.Handler):
@@ -93,18 +99,26 @@ class _Said(logging.Handler):
 
 
 def measure(row_name: str) -> dict:
-    spec, _, space = row_name.partition("+")
+    name, onnx_import, _ = row_name.partition(ONNX)
+    spec, _, space = name.partition("+")
     torch.manual_seed(0)
     model = well_conditioned(load_model(spec)).eval()
     x = torch.randn(1, 3, 224, 224)
     said = _Said()
-    logging.getLogger("autotailor").addHandler(said)
-    try:
-        started = time.perf_counter()
-        sn = at.compile(model, x, config=SPACES[space] if space else None)
-        seconds = time.perf_counter() - started
-    finally:
-        logging.getLogger("autotailor").removeHandler(said)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = model
+        if onnx_import:  # the model as a user brings an ONNX file of it
+            source = Path(tmp) / "model.onnx"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, (x,), str(source), dynamo=False, opset_version=17)
+        logging.getLogger("autotailor").addHandler(said)
+        try:
+            started = time.perf_counter()
+            sn = at.compile(source, x, config=SPACES[space] if space else None)
+            seconds = time.perf_counter() - started
+        finally:
+            logging.getLogger("autotailor").removeHandler(said)
     sn.eval()
     space = sn.space
     kinds = Counter(v.kind for v in space.variables)
@@ -169,7 +183,11 @@ def report(state: State) -> None:
                      + " | ".join(str(k[x]) for x in KINDS)
                      + f" | {r['seconds']:.2f} | {r['max_arch_rel_err']:.1e} | {r['extract_max_abs_diff']:.1e} | "
                        f"{onnx} | {ncnn} |")
-    lines += [""] + [f"`+{name}`: compiled with `{'; '.join(config.strip().splitlines())}`." for name, config in
+    elsewhere = [f"{spec} ({state.get(spec, 'measured')})" for spec in ROWS if state.get(spec) is not None
+                 and state.get(spec, "measured") not in (None, _provenance(header))]
+    if elsewhere:
+        lines += ["", "Rows measured by earlier runs (compile times are of their machine): " + "; ".join(elsewhere) + "."]
+    lines += [""] + [f"`{ONNX}`: compiled from the model's ONNX export (opset 17)."] + [f"`+{name}`: compiled with `{'; '.join(config.strip().splitlines())}`." for name, config in
                      SPACES.items()]
     lines += _latency_lines()
     said = [(spec, s) for spec in MODELS for s in (state.get(spec, "said") or [])]
@@ -211,6 +229,18 @@ def _latency_lines() -> list[str]:
     return lines
 
 
+def _provenance(header: dict) -> str:
+    return f"{header['machine']['cpu']}, commit {header['commit']}"
+
+
+def _stamp(state: State) -> None:
+    """Give every row without one the provenance of the run that last measured (the header's)."""
+    header = state.get(HEADER)
+    for spec, row in list(state.data.items()):
+        if header is not None and spec != HEADER and "measured" not in row:
+            state.put({**row, "measured": _provenance(header)}, spec)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(ROWS), help=f"models, or MODEL+SPACE for a denser space ({', '.join(SPACES)})")
@@ -230,9 +260,11 @@ def main() -> None:
             row = measure(spec)
         except Exception as exc:
             row = {"model": spec, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-        state.put(row, spec)
-        state.put({"machine": machine("torch", "torchvision", "timm", "onnxruntime"), "commit": head_commit(),
-                   "command": command}, HEADER)
+        header = {"machine": machine("torch", "torchvision", "timm", "onnxruntime"), "commit": head_commit(),
+                  "command": command}
+        _stamp(state)  # rows of earlier runs keep the machine and commit they were measured with
+        state.put({**row, "measured": _provenance(header)}, spec)
+        state.put(header, HEADER)
         print(spec, row.get("modifications", row.get("error")), flush=True)
         report(state)
     if state.get(HEADER) is not None:

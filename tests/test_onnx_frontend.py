@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 import warnings
 
+import onnxruntime as ort
 import pytest
 import torch
 import torchvision
 
 import autotailor as at
+from autotailor.deploy import export_onnx
 from conftest import rel_err, well_conditioned
 
 
@@ -23,8 +25,12 @@ def test_onnx_export_compiles_to_the_same_space(name: str, tmp_path) -> None:
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
 
-    sn_torch = at.compile(model, x).eval()
-    sn_onnx = at.compile(path, x).eval()
+    assert_same_space(at.compile(model, x).eval(), at.compile(path, x).eval())
+
+
+def assert_same_space(sn_torch, sn_onnx) -> None:
+    """The same variables with the same choices, and the same outputs for the largest, the
+    smallest and two random SubNets."""
     assert [(v.name, v.kind, v.choices) for v in sn_onnx.space.variables] == [
         (v.name, v.kind, v.choices) for v in sn_torch.space.variables
     ]
@@ -51,6 +57,10 @@ def _tiny_transformer(kind: str) -> torch.nn.Module:
     import timm
 
     torch.manual_seed(0)
+    if kind == "levit":
+        from test_transformers import tiny_levit
+
+        return tiny_levit()
     if kind == "vit":
         return timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4,
                                              num_classes=10).eval()
@@ -58,24 +68,40 @@ def _tiny_transformer(kind: str) -> torch.nn.Module:
                                        num_heads=(3, 6), num_classes=10).eval()
 
 
-@pytest.mark.parametrize("kind", ["vit", "swin"])
-def test_a_transformer_exported_at_the_exporters_default_opset_imports(kind, tmp_path) -> None:
-    # torch's exporter writes opset 20 by default, where onnx2torch lacks Shape, Reshape, Split,
-    # Pad, ReduceMean and ScatterND of the newest versions, and Gelu: those convert as the older
+@pytest.mark.parametrize("kind", ["vit", "swin", "levit"])
+@pytest.mark.parametrize("opset", [17, None])
+def test_a_transformers_onnx_export_compiles_to_the_same_space(kind, opset, tmp_path) -> None:
+    # None: the exporter's default opset (20), where onnx2torch lacks Shape, Reshape, Split, Pad,
+    # ReduceMean and ScatterND of the newest versions, and Gelu: those convert as the older
     # versions they extend; Swin's LayerNorms are sized by their scale (the export leaves their
-    # input's shape unknown after a reshape computed at run time).
+    # input's shape unknown after a reshape computed at run time). The ONNX operators are then
+    # written as torch operations, so attention heads, q/k and value widths and the embedding
+    # width are found as in the PyTorch module (LeViT's too: its Linear + BatchNorm projections
+    # and its attention biases gathered by a table of indices).
     import onnx
 
     model = _tiny_transformer(kind)
-    x = torch.randn(1, 3, 32, 32)
+    size = 64 if kind == "levit" else 32
+    x = torch.randn(1, 3, size, size)
     path = tmp_path / f"{kind}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["input"])
-    assert onnx.load(str(path)).opset_import[0].version >= 19
-    sn = at.compile(path, x, config="[var.global_vars]\nresolution = [32]\n").eval()
+        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["input"],
+                          **({} if opset is None else {"opset_version": opset}))
+    assert onnx.load(str(path)).opset_import[0].version >= (19 if opset is None else opset)
+    config = f"[var.global_vars]\nresolution = [{size}]\n"
+    sn_onnx = at.compile(path, x, config=config).eval()
     with torch.no_grad():
-        assert rel_err(sn(x), model(x)) <= 1e-5
+        assert rel_err(sn_onnx(x), model(x)) <= 1e-5
+    assert {"heads", "qk", "v", "embedding", "width", "depth"} <= {v.kind for v in sn_onnx.space.variables}
+    assert_same_space(at.compile(model, x, config=config).eval(), sn_onnx)
+    # and a SubNet of it exports to ONNX again and runs in ONNX Runtime
+    arch = sn_onnx.space.sample(random.Random(1))
+    sn_onnx.set_arch(arch)
+    sub = export_onnx(sn_onnx.extract(arch).eval(), tmp_path / "subnet.onnx", (1, 3, size, size))
+    (y,) = ort.InferenceSession(str(sub), providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        assert rel_err(torch.from_numpy(y), sn_onnx(x)) <= 1e-4
 
 
 def test_an_operator_using_what_its_older_version_lacks_is_refused(tmp_path) -> None:

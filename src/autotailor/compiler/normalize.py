@@ -91,30 +91,6 @@ def _linear(args: dict[str, object], p: dict[str, torch.Tensor]) -> nn.Module | 
     return lin
 
 
-def _onnx_matmul(gm: fx.GraphModule, node: fx.Node) -> tuple[nn.Module, fx.Node, list[fx.Node]] | None:
-    """onnx2torch's MatMul by a constant matrix, as ONNX exports a Linear on a 3-D input."""
-    x, w = node.args
-    if not (isinstance(w, fx.Node) and w.op == "get_attr" and len(w.users) == 1):
-        return None
-    value = get_attr(gm, w.target)
-    if not (isinstance(value, torch.Tensor) and value.dim() == 2 and value.is_floating_point()):
-        return None
-    lin = nn.Linear(value.shape[0], value.shape[1], bias=False, device="meta")
-    lin.weight = nn.Parameter(value.t().contiguous())
-    return lin, x, [w]
-
-
-def _module_builders() -> dict[type, Callable[[fx.GraphModule, fx.Node], object]]:
-    try:
-        from onnx2torch.node_converters.matmul import OnnxMatMul
-    except ImportError:  # pragma: no cover - onnx2torch is a dependency
-        return {}
-    return {OnnxMatMul: _onnx_matmul}
-
-
-_MODULE_BUILDERS = _module_builders()
-
-
 def _is_copy(ref: object) -> bool:
     """``param.clone()`` read by one call alone."""
     return isinstance(ref, fx.Node) and ref.op == "call_method" and ref.target == "clone" and len(ref.users) == 1 \
@@ -125,17 +101,6 @@ def lift_functional_layers(gm: fx.GraphModule) -> int:
     """Rewrite registered functional calls into module calls, in place. Returns how many."""
     count = 0
     for node in list(gm.graph.nodes):
-        if node.op == "call_module" and type(gm.get_submodule(node.target)) in _MODULE_BUILDERS:
-            built = _MODULE_BUILDERS[type(gm.get_submodule(node.target))](gm, node)
-            if built is not None:
-                module, x, consumed = built
-                set_attr(gm, node.target, module)
-                node.args, node.kwargs = (x,), {}
-                for ref in consumed:
-                    if not ref.users:
-                        gm.graph.erase_node(ref)
-                count += 1
-            continue
         if node.op != "call_function" or node.target not in _BUILDERS:
             continue
         signature, param_names, builder = _BUILDERS[node.target]

@@ -24,6 +24,7 @@ from autotailor.compiler.config import TailorConfig, load_config
 from autotailor.compiler.graph_utils import propagate_shapes
 from autotailor.compiler.importance import reorder_channels
 from autotailor.compiler.normalize import einsum_as_matmul, lift_functional_layers, loosen_reshapes
+from autotailor.compiler.onnx_lowering import lower_onnx_modules
 from autotailor.compiler.structure import BlockInfo, Structure, parse_structure
 from autotailor.compiler.templates import match
 from autotailor.compiler.variables import Binding, PlanContext, Variable, kinds
@@ -58,6 +59,7 @@ def compile(  # noqa: A001 - the public name the API promises
     training = model.training if isinstance(model, nn.Module) else False
     gm.eval()  # the passes run the graph's inference path (BatchNorm on running statistics)
     gm.graph.eliminate_dead_code()  # e.g. unused attention weights returned by a MultiheadAttention
+    lower_onnx_modules(gm, example)
     lift_functional_layers(gm)
     einsum_as_matmul(gm)
     loosen_reshapes(gm)

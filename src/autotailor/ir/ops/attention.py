@@ -513,18 +513,24 @@ def _find_softmax(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
         return None
     inside.add(scores)
     q, kt = scores.args[:2]
-    if _is(q, {operator.mul}) and _float(q.args[1]) is not None and scale == 1.0:
-        inside.add(q)
-        q, scale = q.args[0], _float(q.args[1])
+    # A factor on q, on the keys (MaxViT) or on both (an ONNX export of scaled_dot_product_attention
+    # multiplies each by sqrt(scale)) scales the scores: q s @ (k t)^T is s t (q @ k^T).
+    q, scale = _scaled(q, scale, inside)
+    kt, scale = _scaled(kt, scale, inside)
     transposed = _is(kt, {"transpose", torch.transpose}) and {a % rank for a in kt.args[1:3]} == {rank - 2, rank - 1}
-    k = kt.args[0] if transposed else kt
-    if _is(k, {operator.mul}) and _float(k.args[1]) is not None and scale == 1.0:
-        inside.add(k)  # the scale on the keys (MaxViT): q @ (k s)^T is s (q @ k^T)
-        k, scale = k.args[0], _float(k.args[1])
+    k, scale = _scaled(kt.args[0] if transposed else kt, scale, inside)
     if transposed:
         inside.add(kt)
     # LeViT keeps its keys transposed (no transpose before the product)
     return _assemble(gm, q, k, product.args[1], masks, scale, product, inside, k_transposed=not transposed)
+
+
+def _scaled(node: fx.Node, scale: float, inside: set[fx.Node]) -> tuple[fx.Node, float]:
+    """``node`` without a constant factor ``x * s`` it applies, and ``scale`` times that factor."""
+    if _is(node, {operator.mul}) and _float(node.args[1]) is not None:
+        inside.add(node)
+        return node.args[0], scale * _float(node.args[1])
+    return node, scale
 
 
 def _head_factor(arg: object) -> bool:
@@ -608,13 +614,13 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     qkv_major = False
     if kv_fused:
         sources = sources[:2]
-        split = [node_shape(u) for u in sources[1].users]  # [head][k, v] (LeViT: view(B, M, H, -1))
+        split = [node_shape(u) for u in _readers(sources[1])]  # [head][k, v] (LeViT: view(B, M, H, -1))
         if len(split) != 1 or len(split[0]) != 4 or split[0][2] != heads or \
                 [node_shape(x)[-1] for x in sources] != [heads * d, heads * (d + dv)]:
             return None
     elif fused:
         sources = sources[:1]
-        users = list(sources[0].users)
+        users = _readers(sources[0])
         split = [node_shape(u) for u in users]
         # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d); MaxViT, chunked in three
         # along the features) are put head-major below; LeViT's are [head][q, k, v] already
@@ -628,7 +634,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
         return None
     merged = out
     while node_shape(merged) != (*lead, n, heads * dv):
-        users = list(merged.users)
+        users = _readers(merged)
         if len(users) != 1 or not _is_view(users[0]):
             return None
         merged = users[0]
@@ -637,6 +643,11 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
     core.masked, core.windowed, core.scaled = (kind.get(k, "") for k in ("mask", "window_mask", "head_scale"))
     return _Found(sources, merged, core, inside, masks, qkv_major)
+
+
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """The nodes that read ``node``'s values, not only its sizes."""
+    return [u for u in node.users if not _is(u, {"size"})]
 
 
 def _thirds(node: fx.Node) -> bool:
@@ -649,9 +660,13 @@ def _thirds(node: fx.Node) -> bool:
 
 
 def _closed(found: _Found) -> bool:
-    """Nothing outside reads what the operator replaces, and the projections feed only it."""
-    ok = all(u in found.inside for n in found.inside if n is not found.merged for u in n.users)
-    return ok and all(u in found.inside for s in found.sources for u in s.users)
+    """Nothing outside reads what the operator replaces, and the projections feed only it (or
+    their sizes, read for it alone: an ONNX import reshapes ``x`` by ``x.size(0)``)."""
+    def inside(u: fx.Node) -> bool:
+        return u in found.inside or (_is(u, {"size"}) and all(w in found.inside for w in u.users))
+
+    ok = all(inside(u) for n in found.inside if n is not found.merged for u in n.users)
+    return ok and all(inside(u) for s in found.sources for u in s.users)
 
 
 def _head_major(linear: nn.Linear, heads: int) -> Callable[[], None]:
