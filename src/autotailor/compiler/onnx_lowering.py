@@ -37,13 +37,60 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Values:
-    """Every node's value on the example input, and which nodes hold constants and sizes alone."""
+    """Every node's value on the example input, which nodes hold constants and sizes alone, and
+    every node's value with the example's batch doubled (None where the model's batch is fixed)."""
 
     values: dict[str, object]
     static: set[str]
+    doubled: dict[str, object] | None
 
     def shape(self, node: fx.Node) -> tuple[int, ...]:
         return tuple(self.values[node.name].shape)
+
+    def batched(self, node: fx.Node, axis: int) -> bool:
+        """Whether axis ``axis`` of ``node`` grows with the batch."""
+        return self.doubled is not None and self.doubled[node.name].shape[axis] != self.values[node.name].shape[axis]
+
+    def size(self, gm: fx.GraphModule, node: fx.Node, axis: int, given: fx.Node) -> int | fx.Node:
+        """Axis ``axis`` of ``node``, whose shape ``given`` computes: its size, or, where it grows
+        with the batch, read at run time from the tensor whose ``Shape`` the export took (as the
+        model's code read it), scaled as it is at the example."""
+        n = self.shape(node)[axis]
+        source = self._batch_source(given) if self.batched(node, axis) else None
+        if source is None or self.doubled[node.name].shape[axis] != 2 * n:
+            return n
+        tensor, i = source
+        m = self.shape(tensor)[i]
+        if n % m and m % n:
+            return n
+        size = gm.graph.call_method("size", (tensor, i))
+        if n == m:
+            return size
+        return gm.graph.call_function(operator.mul, (size, n // m)) if n > m else \
+            gm.graph.call_function(operator.floordiv, (size, m // n))
+
+    def _batch_source(self, given: fx.Node) -> tuple[fx.Node, int] | None:
+        """A tensor whose ``Shape`` ``given`` is computed from, and its axis that holds the batch."""
+        stack, seen = [given], set()
+        while stack:
+            n = stack.pop()
+            if n in seen or not isinstance(n, fx.Node) or n.name not in self.static:
+                continue
+            seen.add(n)
+            module = n.graph.owning_module.get_submodule(n.target) if n.op == "call_module" else None
+            if type(module) is _SHAPE:
+                tensor = n.args[0]
+                axes = [i for i in range(len(self.shape(tensor))) if self.batched(tensor, i)]
+                if axes:
+                    return tensor, axes[0]
+            stack.extend(n.all_input_nodes)
+        return None
+
+    def alias(self, new: fx.Node, old: fx.Node) -> None:
+        """``new`` has ``old``'s values (for the operators lowered next)."""
+        self.values[new.name] = self.values[old.name]
+        if self.doubled is not None:
+            self.doubled[new.name] = self.doubled[old.name]
 
     def number(self, arg: object) -> float | None:
         """``arg`` as a float, if constants and sizes alone compute it and it is one number."""
@@ -81,7 +128,7 @@ def _module(gm: fx.GraphModule, node: object) -> nn.Module | None:
 def _replace(node: fx.Node, new: fx.Node, v: _Values) -> list:
     """``new`` read wherever ``node`` was; it has ``node``'s value (for the operators lowered next)."""
     node.replace_all_uses_with(new)
-    v.values[new.name] = v.values[node.name]
+    v.alias(new, node)
     return []
 
 
@@ -110,7 +157,7 @@ def _reshape(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         sizes = []
         for j, size in enumerate(after):
             i = _carried(before, after, j)
-            sizes.append(gm.graph.call_method("size", (x, i)) if i is not None else size)
+            sizes.append(gm.graph.call_method("size", (x, i)) if i is not None else v.size(gm, node, j, shape))
         return _replace(node, gm.graph.call_method("reshape", (x, *sizes)), v)
 
 
@@ -120,8 +167,9 @@ def _expand(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     if not isinstance(shape, fx.Node) or shape.name not in v.static:
         return None
     before, after = v.shape(x), v.shape(node)
-    sizes = [-1 if a == b else b for a, b in zip(before, after)] if len(before) == len(after) else list(after)
-    with gm.graph.inserting_before(node):
+    with gm.graph.inserting_before(node):  # -1 keeps an axis; the batch one grows with is read at run time
+        sizes = [-1 if len(before) == len(after) and before[j] == after[j] and not v.batched(node, j)
+                 else v.size(gm, node, j, shape) for j in range(len(after))]
         return _replace(node, gm.graph.call_method("expand", (x, *sizes)), v)
 
 
@@ -220,7 +268,7 @@ def _split(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         if unbind:
             for w in list(u.users):
                 w.replace_all_uses_with(u)
-                v.values[u.name] = v.values[w.name]
+                v.alias(u, w)
     return []
 
 
@@ -301,7 +349,7 @@ def _flatten(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         return _replace(node, out, v)
 
 
-def _evaluate(gm: fx.GraphModule, example: torch.Tensor) -> _Values:
+def _run(gm: fx.GraphModule, example: torch.Tensor) -> dict[str, object]:
     values: dict[str, object] = {}
 
     class Recorder(fx.Interpreter):
@@ -311,6 +359,15 @@ def _evaluate(gm: fx.GraphModule, example: torch.Tensor) -> _Values:
 
     with torch.no_grad():
         Recorder(gm).run(example)
+    return values
+
+
+def _evaluate(gm: fx.GraphModule, example: torch.Tensor) -> _Values:
+    values = _run(gm, example)
+    try:  # which sizes an export computes from the batch (a model exported with a dynamic batch)
+        doubled = _run(gm, torch.cat([example, example]))
+    except Exception:  # a fixed batch
+        doubled = None
     static: set[str] = set()
     for n in gm.graph.nodes:
         if n.op == "call_module" and (type(_module(gm, n)) is _SHAPE
@@ -318,7 +375,7 @@ def _evaluate(gm: fx.GraphModule, example: torch.Tensor) -> _Values:
             static.add(n.name)
         elif n.op == "call_function" and n.all_input_nodes and all(a.name in static for a in n.all_input_nodes):
             static.add(n.name)
-    return _Values(values, static)
+    return _Values(values, static, doubled)
 
 
 def lower_onnx_modules(gm: fx.GraphModule, example: torch.Tensor) -> int:
