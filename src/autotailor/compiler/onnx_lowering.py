@@ -9,7 +9,9 @@ input gives it:
 
 - a shape computed from constants and sizes becomes literal sizes, except an axis carried
   through unchanged, which is read from the tensor at run time as a traced model reads it (so a
-  narrower SubNet is reshaped right);
+  narrower SubNet is reshaped right), and a size that grows with the batch (an export with a free
+  batch axis: the graph is also run at twice the example's batch to tell), which is read from the
+  tensor whose ``Shape`` the export took;
 - a number computed from constants and sizes alone (the ``sqrt(1 / sqrt(d))`` that an export of
   ``scaled_dot_product_attention`` multiplies into q and into k) becomes a Python float.
 
