@@ -69,7 +69,7 @@ from common import State, default_cifar10, head_commit, machine, save_figure, wr
 
 MODELS = ("resnet18", "mobilenet_v2")
 # each model's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
-SCHEDULE = {"resnet18": "sandwich4-4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep"}
+SCHEDULE = {"resnet18": "sandwich4-4ep+4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep"}
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
@@ -535,9 +535,12 @@ def main() -> None:
                    help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
                         "blocks (no latency measured: for a busy machine)")
     p.add_argument("--methods", default="nestdnn,adaptivenet",
-                   help="the baselines --train-only trains (two processes can train one each)")
+                   help="the baselines to train (--train-only: two processes can train one each) or to measure")
     p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
                    "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
+    p.add_argument("--no-timing", action="store_true",
+                   help="search, evaluate and profile but time no point: the latencies are left for a later run "
+                        "on an idle machine, which times them all in one pass")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -567,10 +570,14 @@ def main() -> None:
                 if "adaptivenet" in args.methods.split(","):
                     adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
                 continue
+            methods = args.methods.split(",")
             autotailor_points(state, model, args.data, work)
-            nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
-            adaptivenet_points(state, model, args.data, work, args.adaptivenet_steps)
-            time_all(state, model, work)
+            if "nestdnn" in methods:
+                nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
+            if "adaptivenet" in methods:
+                adaptivenet_points(state, model, args.data, work, args.adaptivenet_steps)
+            if not args.no_timing:
+                time_all(state, model, work)
     report(state)
 
 
