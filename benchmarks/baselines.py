@@ -371,6 +371,8 @@ def time_all(state: State, model: str, work: Path) -> None:
     ref = setup.reference_ms()
     for (method, key, point), m in zip(todo, timed):
         state.put({**point, "latency_ms": m.at_speed(ref), "raw_latency_ms": m.median_ms}, model, method, key)
+    # the machine of the last pass; one model's points are compared only among themselves
+    state.put(f"{machine()['cpu']}, commit {head_commit()}", model, "timed_on")
 
 
 def compare(auto: list[dict], base: list[dict]) -> list[dict]:
@@ -388,11 +390,12 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
 
 
 # CPU-minutes of the training that made each method's kept weights, as benchmarks/artifacts/README.md
-# records them (1 thread of an AMD EPYC vCPU, beside other work); the runs here load those weights.
-TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60 + 38", ("mobilenet_v2", "autotailor"): "about 60 + 39",
-                 ("resnet18", "nestdnn"): "about 75 (5 x ~15) + 36 (5 x 2-15)",
+# records them (1 thread of an AMD EPYC vCPU, beside other work; ResNet-18's third cycle on an Intel
+# Xeon vCPU); the runs here load those weights.
+TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60 + 38 + 75", ("mobilenet_v2", "autotailor"): "about 60 + 39",
+                 ("resnet18", "nestdnn"): "about 75 (5 x ~15) + 36 (5 x 2-15) + 75 (5 x 4-29)",
                  ("mobilenet_v2", "nestdnn"): "20-60 (5 x 4-12) + 38 (5 x 3-12)",
-                 ("resnet18", "adaptivenet"): "116 + 52", ("mobilenet_v2", "adaptivenet"): "about 80 + 42"}
+                 ("resnet18", "adaptivenet"): "116 + 52 + 117", ("mobilenet_v2", "adaptivenet"): "about 80 + 42"}
 
 
 def costs(state: State, model: str, work: Path) -> list[dict]:
@@ -441,7 +444,7 @@ def report(state: State) -> None:
     m = machine("torch", "onnxruntime", "torch_pruning")
     commit = head_commit()
     lines = ["# AutoTailor against NestDNN* and AdaptiveNet (CIFAR-10, ONNX Runtime 1 thread)", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
+             f"Machine of this report: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
              f"torch-pruning {m['torch_pruning']}; commit {commit}. Command: `{command}` (resumes; `--report-only` "
              "rewrites this from the state). Accuracy on the 10,000 test images; latency as ONNX, timed in one "
              "pass alternated with a reference SubNet and scaled to the speed the LUT was built at. AutoTailor's "
@@ -452,7 +455,8 @@ def report(state: State) -> None:
         if not auto:
             continue
         lines += [f"## {model}", "", f"AutoTailor's SuperNet tuned with `{SCHEDULE[model]}` ({cycles(model)} cycle(s) of "
-                  f"{STEPS:,} steps); each baseline trained for as many cycles of its own.", ""]
+                  f"{STEPS:,} steps); each baseline trained for as many cycles of its own. Profiled and timed on "
+                  f"{state.get(model, 'timed_on') or 'the machine above'}.", ""]
         for method, (label, name) in BASELINES.items():
             base = [p for p in (state.get(model, method) or {}).values() if "latency_ms" in p]
             if not base:
