@@ -42,38 +42,38 @@ CALIBRATION_IMAGES = 2048
 BATCH = 64
 STEPS_PER_EPOCH = 782
 HALF = 0.5  # every width at half, all layers, full resolution: the architecture of NestDNN*'s ratio 0.5
+
+
+def _recipe(epochs: int, *extra: str, lr: str = "0.03") -> list[str]:
+    """`autotailor tune` flags of tune_cifar10.py's recipe (4 SubNets a step) for ``epochs`` epochs."""
+    return ["--steps", str(epochs * STEPS_PER_EPOCH), "--subnets", "4", "--lr", lr, "--weight-decay", "5e-4",
+            "--warmup-steps", "100", *extra]
+
+
 # schedule -> `autotailor tune` flags (None: the base model's weights as they are)
 SCHEDULES: dict[str, list[str] | None] = {
     "untuned": None,
     # the recipe of tune_cifar10.py: the largest, the smallest and 2 random SubNets per step,
     # in-place distillation from the largest, for one epoch
-    "sandwich4-1ep": ["--steps", str(STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay", "5e-4",
-                      "--warmup-steps", "100"],
+    "sandwich4-1ep": _recipe(1),
     # the largest and 3 random SubNets per step: no sandwich-rule smallest (the demo's setting)
-    "random4-1ep": ["--steps", str(STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay", "5e-4",
-                    "--warmup-steps", "100", "--config", str(HERE / "configs" / "no_smallest.toml")],
+    "random4-1ep": _recipe(1, "--config", str(HERE / "configs" / "no_smallest.toml")),
     # the same recipe for four epochs
-    "sandwich4-4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay",
-                      "5e-4", "--warmup-steps", "100"],
+    "sandwich4-4ep": _recipe(4),
     # the same at a third of the learning rate: MobileNetV2's largest SubNet lost 1.4 points at 0.03
-    "sandwich4-4ep-lr0.01": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.01",
-                             "--weight-decay", "5e-4", "--warmup-steps", "100"],
+    "sandwich4-4ep-lr0.01": _recipe(4, lr="0.01"),
     # every SubNet taught by the trained model itself, frozen (Once-for-All's distillation), and
     # the labels: MobileNetV2's largest SubNet drifted 1.4 points from it under in-place distillation
-    "original4-4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay",
-                      "5e-4", "--warmup-steps", "100", "--teacher", "original"],
+    "original4-4ep": _recipe(4, "--teacher", "original"),
     # a second 4-epoch cycle (warm restart) from sandwich4-4ep's kept weights: 8 epochs in all, to
     # see whether the SuperNet gains more from longer tuning than the baselines given as many steps
-    "sandwich4-4ep+4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03", "--weight-decay",
-                          "5e-4", "--warmup-steps", "100"],
+    "sandwich4-4ep+4ep": _recipe(4),
     # the second cycle with AlphaNet's adaptive alpha-divergence in place of KL in the in-place
     # distillation: ResNet-18's mid-sized SubNets trail a pruned model trained alone by 1.2 points
-    "sandwich4-4ep+alpha4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03",
-                               "--weight-decay", "5e-4", "--warmup-steps", "100", "--distill-loss", "alpha"],
+    "sandwich4-4ep+alpha4ep": _recipe(4, "--distill-loss", "alpha"),
     # a third cycle: 12 epochs in all. After one cycle ResNet-18's halved SubNet trails the
     # pruned model trained alone for as long by 1.70 points, after two by 1.15
-    "sandwich4-4ep+4ep+4ep": ["--steps", str(4 * STEPS_PER_EPOCH), "--subnets", "4", "--lr", "0.03",
-                              "--weight-decay", "5e-4", "--warmup-steps", "100"],
+    "sandwich4-4ep+4ep+4ep": _recipe(4),
 }
 # schedule -> the schedule whose kept weights it starts from (instead of the trained base model)
 CONTINUES = {"sandwich4-4ep+4ep": "sandwich4-4ep", "sandwich4-4ep+alpha4ep": "sandwich4-4ep",

@@ -21,7 +21,6 @@ input and undone if the model's output changes.
 
 from __future__ import annotations
 
-import logging
 import math
 import operator
 from dataclasses import dataclass
@@ -32,9 +31,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from autotailor.ir.graph import called_module as _module
 from autotailor.ir.graph import free_name, get_attr, rewrite_checked
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -121,10 +119,6 @@ def _onnx(module: str, name: str) -> type | None:
         return getattr(__import__(f"onnx2torch.node_converters.{module}", fromlist=[name]), name)
     except (ImportError, AttributeError):  # pragma: no cover - onnx2torch is a dependency
         return None
-
-
-def _module(gm: fx.GraphModule, node: object) -> nn.Module | None:
-    return gm.get_submodule(node.target) if isinstance(node, fx.Node) and node.op == "call_module" else None
 
 
 def _replace(node: fx.Node, new: fx.Node, v: _Values) -> list:

@@ -39,6 +39,11 @@ def node_shape(node: object) -> tuple[int, ...] | None:
     return tuple(shape) if shape is not None else None
 
 
+def called_module(gm: torch.nn.Module, node: object) -> torch.nn.Module | None:
+    """The module a ``call_module`` node calls, or None for any other node or value."""
+    return gm.get_submodule(node.target) if isinstance(node, fx.Node) and node.op == "call_module" else None
+
+
 def calls(node: object, targets: set) -> bool:
     """Whether ``node`` calls one of ``targets`` (functions, or method names)."""
     return isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and node.target in targets

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import bind, carries_tensors, free_name, from_input, node_shape, rewrite_checked, set_attr
+from autotailor.ir.graph import called_module as _module
 from autotailor.ir.graph import calls as _is
 from autotailor.ir.handlers import Member, OpHandler, Shape, Track, register, register_rewrite
 from autotailor.ir.operators import Operator
@@ -403,10 +404,6 @@ _VIEW_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.unbind, 
 def _is_view(node: fx.Node) -> bool:
     return (node.op == "call_method" and node.target in _VIEW_METHODS) or (
         node.op == "call_function" and node.target in _VIEW_FUNCTIONS)
-
-
-def _module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
-    return gm.get_submodule(node.target) if node.op == "call_module" else None
 
 
 @dataclass
