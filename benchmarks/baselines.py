@@ -56,6 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -439,6 +440,19 @@ BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
              "adaptivenet": ("AdaptiveNet budget", lambda p: f"{p['budget_ms']:.3g} ms")}
 
 
+def _timing_noise(state: State, model: str) -> str:
+    """The reference kernel's readings beside the timings (a point's raw time over its time at the
+    LUT's speed is the reading over the profile's median): the noise next to the latencies."""
+    ratios = [p["raw_latency_ms"] / p["latency_ms"] for method in METHODS
+              for p in (state.get(model, method) or {}).values() if p.get("latency_ms") and "raw_latency_ms" in p]
+    if not ratios:
+        return ""
+    low, mid, high = np.percentile(ratios, [10, 50, 90])
+    return (f"The reference kernel read {100 * (mid - 1):+.0f} % against the profile's median over the timings, "
+            f"10-90 % of its readings {100 * (low / mid - 1):+.0f} % to {100 * (high / mid - 1):+.0f} % around that: "
+            "the paired design corrects the drift, not a burst within one timing.")
+
+
 def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/baselines.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch", "onnxruntime", "torch_pruning")
@@ -456,7 +470,7 @@ def report(state: State) -> None:
             continue
         lines += [f"## {model}", "", f"AutoTailor's SuperNet tuned with `{SCHEDULE[model]}` ({cycles(model)} cycle(s) of "
                   f"{STEPS:,} steps); each baseline trained for as many cycles of its own. Profiled and timed on "
-                  f"{state.get(model, 'timed_on') or 'the machine above'}.", ""]
+                  f"{state.get(model, 'timed_on') or 'the machine above'}. {_timing_noise(state, model)}", ""]
         for method, (label, name) in BASELINES.items():
             base = [p for p in (state.get(model, method) or {}).values() if "latency_ms" in p]
             if not base:
