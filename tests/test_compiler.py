@@ -97,6 +97,37 @@ def test_unknown_operators_fix_the_channels_they_touch() -> None:
     assert "a" not in ops and "b" not in ops and "fc" not in ops  # bypassed: they stay static
 
 
+class Squeezed(nn.Module):
+    """Axes of one added and removed around the channels (as an ONNX import writes them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 1)
+        self.b = nn.Conv2d(8, 8, 1)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        y = self.a(x).unsqueeze(0).unsqueeze(3)  # (1, N, 8, 1, H, W)
+        y = self.b(torch.relu(y.squeeze((0, 3))))
+        return self.fc(y.mean((2, 3)).unsqueeze(1).squeeze(1))
+
+
+def test_squeezes_keep_the_channels_on_their_axis() -> None:
+    torch.manual_seed(0)
+    model = Squeezed().eval()
+    sn = at.compile(model, torch.randn(2, 3, 4, 4), config="[var.global_vars]\nresolution = [4]").eval()
+    widths = [v for v in sn.space.variables if v.kind == "width"]
+    ops = {name: op for name, op in sn.operators()}
+    assert len(widths) == 2 and ops["a"].reads == {"out_channels": widths[0].name}
+    assert ops["b"].reads == {"in_channels": widths[0].name, "out_channels": widths[1].name}
+    arch = {v.name: min(v.choices) for v in widths}
+    net = sn.extract(arch)
+    x = torch.randn(2, 3, 4, 4)
+    sn.set_arch(arch)
+    with torch.no_grad():
+        assert net.a.out_channels < 8 and rel_err(sn(x), net(x)) <= 1e-6
+
+
 def test_grouped_convolutions_keep_whole_groups() -> None:
     torch.manual_seed(0)
     model = well_conditioned(torchvision.models.resnext50_32x4d(weights=None))

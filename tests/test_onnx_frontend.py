@@ -61,6 +61,11 @@ def _tiny_transformer(kind: str) -> torch.nn.Module:
         from test_transformers import tiny_levit
 
         return tiny_levit()
+    if kind == "torchvision_vit":  # nn.MultiheadAttention: exported on (tokens, batch, features)
+        from torchvision.models.vision_transformer import VisionTransformer
+
+        return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=48, mlp_dim=96,
+                                 num_classes=10).eval()
     if kind == "vit":
         return timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4,
                                              num_classes=10).eval()
@@ -68,7 +73,7 @@ def _tiny_transformer(kind: str) -> torch.nn.Module:
                                        num_heads=(3, 6), num_classes=10).eval()
 
 
-@pytest.mark.parametrize("kind", ["vit", "swin", "levit"])
+@pytest.mark.parametrize("kind", ["vit", "torchvision_vit", "swin", "levit"])
 @pytest.mark.parametrize("opset", [17, None])
 def test_a_transformers_onnx_export_compiles_to_the_same_space(kind, opset, tmp_path) -> None:
     # None: the exporter's default opset (20), where onnx2torch lacks Shape, Reshape, Split, Pad,

@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.ir.graph import called_module as _module
-from autotailor.ir.graph import free_name, get_attr, rewrite_checked
+from autotailor.ir.graph import free_name, from_input, get_attr, rewrite_checked
 
 
 @dataclass
@@ -153,6 +153,8 @@ def _reshape(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         sizes = []
         for j, size in enumerate(after):
             i = _carried(before, after, j)
+            if i is not None and v.batched(x, i) != v.batched(node, j):
+                i = None  # the same size at the example only: (N * B, C) to (N, B, C) at batch 1
             sizes.append(gm.graph.call_method("size", (x, i)) if i is not None else v.size(gm, node, j, shape))
         return _replace(node, gm.graph.call_method("reshape", (x, *sizes)), v)
 
@@ -344,6 +346,47 @@ def _flatten(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
             out = gm.graph.call_method("flatten", (out, 1))
         return _replace(node, out, v)
 
+
+
+@lowering(*_SQUEEZES)
+def _squeeze(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
+    """With constant axes (those a split into pieces of one leaves are lowered with it)."""
+    axes = _squeezed_axes(gm, node, v)
+    if axes is None:
+        return None
+    with gm.graph.inserting_before(node):
+        return _replace(node, gm.graph.call_method("squeeze", (node.args[0], tuple(axes))), v)
+
+
+@lowering(_onnx("unsqueeze", "OnnxUnsqueezeStaticAxes"))
+def _unsqueeze(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
+    out = node.args[0]
+    with gm.graph.inserting_before(node):
+        for axis in _module(gm, node)._axes:  # sorted: each counted in the output's rank, as ONNX does
+            out = gm.graph.call_method("unsqueeze", (out, axis))
+        return _replace(node, out, v)
+
+
+@lowering(_onnx("gemm", "OnnxGemm"))
+def _gemm(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
+    """``a @ B (+ c)`` by a constant matrix and bias: ``nn.Linear`` (onnx2torch makes one itself
+    only where both are initializers; an export that shares the bias with another node passes it
+    through an ``Identity``)."""
+    mod = _module(gm, node)
+    a, b, *c = node.args
+    consts = [x for x in (b, *c) if isinstance(x, fx.Node) and not from_input(x)]
+    if mod.trans_a or len(consts) != 1 + len(c) or v.values[b.name].dim() != 2 or \
+            (c and v.values[c[0].name].dim() != 1):
+        return None
+    weight = v.values[b.name] if mod.trans_b else v.values[b.name].t()
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bool(c), device="meta")
+    linear.weight = nn.Parameter((weight.detach() * mod.alpha).contiguous())
+    if c:
+        linear.bias = nn.Parameter(v.values[c[0].name].detach() * mod.beta)
+    target = free_name(gm, node.name.replace("gemm", "linear"))
+    gm.add_submodule(target, linear)
+    with gm.graph.inserting_before(node):
+        return _replace(node, gm.graph.call_module(target, (a,)), v)
 
 def _run(gm: fx.GraphModule, example: torch.Tensor) -> dict[str, object]:
     values: dict[str, object] = {}

@@ -396,7 +396,8 @@ def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int | None]]:
 
 
 # -- recognition ------------------------------------------------------------------------------------
-_VIEW_METHODS = {"reshape", "view", "permute", "transpose", "unbind", "contiguous", "flatten", "split", "chunk"}
+_VIEW_METHODS = {"reshape", "view", "permute", "transpose", "unbind", "contiguous", "flatten", "split", "chunk",
+                 "squeeze", "unsqueeze"}
 _VIEW_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.unbind, torch.flatten, torch.chunk,
                    operator.getitem}
 
@@ -414,6 +415,7 @@ class _Found:
     inside: set[fx.Node]  # nodes the operator replaces
     masks: dict[str, fx.Node] = field(default_factory=dict)  # keyword -> node
     qkv_major: bool = False  # a fused projection's rows are [q, k, v][head]: made head-major
+    tokens_first: bool = False  # projections (N, B, features) and merged heads (N, B, ...) or (N * B, ...)
 
 
 def _projection(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -621,16 +623,22 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
         split = [node_shape(u) for u in users]
         # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d); MaxViT, chunked in three
         # along the features) are put head-major below; LeViT's are [head][q, k, v] already
-        # (view(B, N, H, -1)).
+        # (view(B, N, H, -1)). An ONNX import of nn.MultiheadAttention splits by reshape(N, B, 3, features).
         qkv_major = len(split) == 1 and d == dv and isinstance(_module(gm, sources[0]), nn.Linear) and (
-            (split[0] is not None and len(split[0]) >= 5 and split[0][-3:-1] == (3, heads)) or _thirds(users[0]))
+            (split[0] is not None and ((len(split[0]) >= 5 and split[0][-3:-1] == (3, heads))
+                                       or split[0][-2:] == (3, heads * d))) or _thirds(users[0]))
         head_major = len(split) == 1 and split[0] is not None and len(split[0]) == 4 and split[0][2] == heads
         if not (qkv_major or head_major) or node_shape(sources[0])[-1] != heads * (2 * d + dv) or n != m:
             return None
     elif len(set(sources)) != 3 or [node_shape(s)[-1] for s in sources] != [heads * d, heads * d, heads * dv]:
         return None
+    # nn.MultiheadAttention (its ONNX export) runs on (N, B, features) and merges the heads to (N * B, ...)
+    tokens_first = len(lead) == 1 and node_shape(sources[0])[:-1] == (n, *lead) != (*lead, n)
+    if tokens_first and not all(isinstance(_module(gm, s), nn.Linear) and len(s.args) == 1 for s in sources):
+        return None
+    merged_shapes = [(n, *lead, heads * dv), (n * lead[0], heads * dv)] if tokens_first else [(*lead, n, heads * dv)]
     merged = out
-    while node_shape(merged) != (*lead, n, heads * dv):
+    while node_shape(merged) not in merged_shapes:
         users = _readers(merged)
         if len(users) != 1 or not _is_view(users[0]):
             return None
@@ -639,7 +647,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     core = HeadAttention(heads, d, dv, scale, fused, found[0][1], found[1][1], kv_fused)
     kind = {name: "shared" if node_shape(m)[-3] == 1 else "per_head" for name, m in masks.items()}
     core.masked, core.windowed, core.scaled = (kind.get(k, "") for k in ("mask", "window_mask", "head_scale"))
-    return _Found(sources, merged, core, inside, masks, qkv_major)
+    return _Found(sources, merged, core, inside, masks, qkv_major, tokens_first)
 
 
 def _readers(node: fx.Node) -> list[fx.Node]:
@@ -695,16 +703,25 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> list[Callable[[], None]] | No
     owner = (first if first.op == "call_module" else first.args[1]).target.rpartition(".")[0]
     target = free_name(gm, f"{owner}.heads" if owner else "heads")
     gm.add_submodule(target, found.core)
-    with gm.graph.inserting_after(found.merged):
+    if found.tokens_first:  # the projections made to read (B, N, features), as the operator does
+        for s in found.sources:
+            with gm.graph.inserting_before(s):
+                s.args = (gm.graph.call_method("transpose", (s.args[0], 0, 1)),)
+    with gm.graph.inserting_before(found.merged.next):  # nodes made here follow one another
         call = gm.graph.call_module(target, tuple(found.sources), dict(found.masks))
-    found.merged.replace_all_uses_with(call)
+        result = call
+        if found.tokens_first:  # back to the layout the model reads the merged heads in
+            result = gm.graph.call_method("transpose", (call, 0, 1))
+            if len(node_shape(found.merged)) == 2:
+                result = gm.graph.call_method("flatten", (result, 0, 1))
+    found.merged.replace_all_uses_with(result)
     undo = []
     if found.qkv_major:
         lin = gm.get_submodule(found.sources[0].target)
         undo.append(_head_major(lin, found.core.num_heads))
     layers = [_layers(gm, s) for s in found.sources]
     if all(layers):
-        out = output_projection(gm, call)
+        out = output_projection(gm, result)
         undo.append(_widths_by_importance(layers, found.core, _module(gm, out) if out is not None else None))
     return undo
 
@@ -724,16 +741,24 @@ _ELEMENTWISE = (nn.Identity, nn.Dropout, nn.Hardswish, nn.GELU, nn.ReLU, nn.SiLU
 
 def output_projection(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     """The Linear that alone reads the merged heads of the attention at ``node``, through
-    activations or dropout only (LeViT's Hardswish): its node, or None."""
+    activations or dropout (LeViT's Hardswish), or views that keep the features last (an ONNX
+    import of ``nn.MultiheadAttention`` merges the tokens and the batch): its node, or None."""
     while len(node.users) == 1:
         user = next(iter(node.users))
         mod = _module(gm, user)
         if isinstance(mod, nn.Linear) and user.args[0] is node:
             return user
-        if not isinstance(mod, _ELEMENTWISE):
+        if not (isinstance(mod, _ELEMENTWISE) or _keeps_features(user)):
             return None
         node = user
     return None
+
+
+def _keeps_features(node: fx.Node) -> bool:
+    """``transpose`` or ``flatten`` of two axes before the last."""
+    shape, axes = node_shape(node.args[0]) if node.args else None, node.args[1:3]
+    return _is(node, {"transpose", "flatten"}) and shape is not None and len(axes) == 2 and all(
+        isinstance(a, int) and a % len(shape) < len(shape) - 1 for a in axes)
 
 
 def _widths_by_importance(layers: list[tuple[nn.Linear, nn.BatchNorm1d | None]], core: HeadAttention,

@@ -195,6 +195,26 @@ class Transpose(Elementwise):
         return Track({d0: d1, d1: d0}.get(t.axis, t.axis), t.gid)
 
 
+@register(torch.unsqueeze, "unsqueeze", torch.squeeze, "squeeze")
+class Squeeze(Elementwise):
+    """An axis of one added or removed (an ONNX import's ``Unsqueeze``/``Squeeze``): the channels
+    move with the axes before them; squeezing the channels themselves fixes them."""
+
+    def channels(self, a, node: fx.Node) -> Track | None:
+        t = a.track(node.args[0])
+        if t is None:
+            return None
+        before, after = node_shape(node.args[0]), node_shape(node)
+        kept = [i for i, s in enumerate(before) if s != 1]  # the axes that must survive, in order
+        lead = sum(1 for i in kept if i < t.axis)
+        found = [j for j, s in enumerate(after) if s == before[t.axis]
+                 and sum(1 for x in after[:j] if x != 1) == lead]
+        if before[t.axis] == 1 or len(found) != 1:
+            a.fix(t.gid, f"{node.name} squeezes or unsqueezes next to the channels")
+            return None
+        return Track(found[0], t.gid)
+
+
 @register(torch.reshape, "reshape", "view")
 class Reshape(Elementwise):
     """A reshape that merges or splits axes other than the channels keeps them as one axis."""
