@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autotailor.ir.graph import called_module as _module
+from autotailor.ir.graph import calls as _is
 from autotailor.ir.graph import free_name, from_input, get_attr, rewrite_checked
 
 
@@ -197,7 +198,8 @@ def _matmul(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     (user,) = node.users if len(node.users) == 1 else (None,)
     if type(_module(gm, user)) is _BINARY and _module(gm, user).math_op_function is torch.add:
         other = user.args[1] if user.args[0] is node else user.args[0]
-        value = get_attr(gm, other.target) if isinstance(other, fx.Node) and other.op == "get_attr" else None
+        # a parameter, or computed from parameters alone (Swin V2 zeroes the keys' part of a copy)
+        value = v.values[other.name] if isinstance(other, fx.Node) and not from_input(other) else None
         if isinstance(value, torch.Tensor) and value.shape == (weight.shape[1],) and len(other.users) == 1:
             bias, out = value, user
     linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None, device="meta")
@@ -211,6 +213,7 @@ def _matmul(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
 
 
 _BINARY = _onnx("binary_math_operations", "OnnxBinaryMathOperation")
+_EXPAND, _CLIP, _REDUCE = _onnx("expand", "OnnxExpand"), _onnx("clip", "OnnxClip"), _onnx("reduce", "OnnxReduceStaticAxes")
 _ARITHMETIC = {torch.add: operator.add, torch.sub: operator.sub, torch.mul: operator.mul}
 
 
@@ -225,8 +228,23 @@ def _binary(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         return None
     numbers = [v.number(a) for a in node.args[:2]]
     args = [a if number is None else number for a, number in zip(node.args[:2], numbers)]
+    eps = _l2_norm_floor(gm, *node.args[:2], v) if fn is operator.truediv else None
     with gm.graph.inserting_before(node):
+        if eps is not None:  # what torch exports F.normalize as (Swin V2's cosine attention)
+            return _replace(node, gm.graph.call_function(F.normalize, (args[0],), {"dim": -1, "eps": eps}), v)
         return _replace(node, gm.graph.call_function(fn, tuple(args)), v)
+
+
+def _l2_norm_floor(gm: fx.GraphModule, x: object, den: object, v: _Values) -> float | None:
+    """``eps`` where ``den`` is ``x``'s L2 norm over its last axis, floored at ``eps`` and
+    expanded to ``x``'s shape (``x / den`` is then ``F.normalize(x, dim=-1, eps=eps)``)."""
+    clip = den.args[0] if _is(den, {"expand"}) or type(_module(gm, den)) is _EXPAND else None
+    norm = clip.args[0] if type(_module(gm, clip)) is _CLIP and _module(gm, clip).max_val is None else None
+    reduce = _module(gm, norm)
+    if not (type(reduce) is _REDUCE and reduce.operation_type == "ReduceL2" and reduce.keepdims
+            and norm.args[0] is x and [a % len(v.shape(x)) for a in reduce.axes or ()] == [len(v.shape(x)) - 1]):
+        return None
+    return float(_module(gm, clip).min_val) if _module(gm, clip).min_val is not None else None
 
 
 _SQUEEZES = tuple(t for t in (_onnx("squeeze", "OnnxSqueezeStaticAxes"), _onnx("squeeze", "OnnxSqueezeDynamicAxes"))

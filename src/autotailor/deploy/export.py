@@ -62,7 +62,7 @@ def export_onnx(net: nn.Module, path: str | Path, input_shape: tuple[int, ...], 
     path = Path(path)
     x = torch.zeros(input_shape)
     net = fold_linear_norms(net)
-    with _exporting(net, path, "ONNX") as tmp:
+    with _exporting(net, path, "ONNX") as tmp, _onnx2torch_opset(opset):
         try:
             torch.onnx.export(
                 net, (x,), str(tmp), dynamo=False, opset_version=opset,
@@ -76,6 +76,24 @@ def export_onnx(net: nn.Module, path: str | Path, input_shape: tuple[int, ...], 
                 dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False,
             )
     return path
+
+
+@contextmanager
+def _onnx2torch_opset(opset: int) -> Iterator[None]:
+    """onnx2torch's modules left in a SubNet of an ONNX import (the shape arithmetic of
+    torchvision's Swin) export themselves reading the opset from
+    ``torch.onnx.symbolic_helper._export_onnx_opset_version``, which torch 2.14 lacks: it is
+    given for the export's duration, then removed."""
+    from torch.onnx import symbolic_helper as helper
+
+    if hasattr(helper, "GLOBALS") or hasattr(helper, "_export_onnx_opset_version"):
+        yield
+        return
+    helper._export_onnx_opset_version = opset
+    try:
+        yield
+    finally:
+        del helper._export_onnx_opset_version
 
 
 def export_torchscript(net: nn.Module, path: str | Path, input_shape: tuple[int, ...]) -> Path:

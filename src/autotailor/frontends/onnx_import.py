@@ -99,6 +99,7 @@ def import_onnx(path: str | Path) -> fx.GraphModule:
         names = [i.name for i in proto.graph.input]
         raise ModelLoadError(f"{path} has several inputs {names}; an image classifier takes one image tensor")
     _bypass_identities(proto)
+    _fill_omitted_clip_bounds(proto)
     try:
         gm = onnx2torch.convert(proto)
     except NotImplementedError as exc:
@@ -141,3 +142,22 @@ def _bypass_identities(proto) -> None:
             node.input[i] = resolve(name)
     del graph.node[:]
     graph.node.extend(keep)
+
+
+def _fill_omitted_clip_bounds(proto) -> None:
+    """onnx2torch reads a ``Clip``'s bounds as constants and fails on an omitted one (an empty
+    input name: torchvision's Swin V2 clamps norms from below and its logit scale from above
+    only). An omitted upper bound is dropped; an omitted lower one before an upper one becomes
+    the lowest float."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    for node in proto.graph.node:
+        if node.op_type != "Clip":
+            continue
+        while len(node.input) > 1 and node.input[-1] == "":
+            del node.input[-1]
+        if len(node.input) > 2 and node.input[1] == "":
+            name = f"{node.name or node.output[0]}/lowest"
+            proto.graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).min), name))
+            node.input[1] = name

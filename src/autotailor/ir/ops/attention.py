@@ -173,6 +173,10 @@ class HeadAttentionHandler(OpHandler):
                 continue
             a.add_member(t.gid, Member(node.name, "in"))
             a.split(t.gid, node.name, sum(head_widths(core)[r] for r in roles))
+        for m in node.kwargs.values():
+            t = a.track(m) if isinstance(m, fx.Node) else None
+            if t is not None:  # a layer's outputs, one per head (an ONNX import of Swin V2's bias MLP)
+                a.fix(t.gid, f"{node.name} adds {m.name} to its scores: one per head, reordered with them")
         out = a.new_group(core.num_heads * core.v_dim)
         a.add_member(out, Member(node.name, "out"))
         a.split(out, node.name, core.v_dim)
