@@ -85,7 +85,7 @@ SPACES = {"dense": _space("[0.25, 0.5, 0.75, 1.0]", ("AttentionBlock",), ("heads
           + "ResidualBlock.expand_ratio = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]\n"}
 ONNX = "@onnx"  # a row compiled from the model's ONNX export (opset 17) instead of its module
 ROWS = MODELS + ("torchvision:vit_b_16+dense", "timm:levit_384+dense", "timm:levit_384+fine") + tuple(
-    m + ONNX for m in ("torchvision:vit_b_16", "torchvision:swin_t", "torchvision:swin_v2_t",
+    m + ONNX for m in ("torchvision:vit_b_16", "torchvision:swin_t", "torchvision:swin_v2_t", "torchvision:maxvit_t",
                        "timm:deit_tiny_patch16_224", "timm:swin_tiny_patch4_window7_224", "timm:levit_128s"))
 
 

@@ -67,6 +67,12 @@ def _tiny_transformer(kind: str) -> torch.nn.Module:
         from test_transformers import tiny_levit
 
         return tiny_levit()
+    if kind == "maxvit":
+        # its products exported as Einsum, its qkv split as three Slices, each attention's position
+        # biases folded to one constant (heads, N, N) with as many heads as tokens N in the second stage
+        from test_transformers import tiny_maxvit
+
+        return tiny_maxvit().eval()
     if kind == "torchvision_vit":  # nn.MultiheadAttention: exported on (tokens, batch, features)
         from torchvision.models.vision_transformer import VisionTransformer
 
@@ -87,7 +93,7 @@ def _tiny_transformer(kind: str) -> torch.nn.Module:
                                        num_heads=(3, 6), num_classes=10).eval()
 
 
-@pytest.mark.parametrize("kind", ["vit", "torchvision_vit", "swin", "torchvision_swin", "torchvision_swin_v2", "levit"])
+@pytest.mark.parametrize("kind", ["vit", "torchvision_vit", "swin", "torchvision_swin", "torchvision_swin_v2", "levit", "maxvit"])
 @pytest.mark.parametrize("opset", [17, None])
 def test_a_transformers_onnx_export_compiles_to_the_same_space(kind, opset, tmp_path) -> None:
     # None: the exporter's default opset (20), where onnx2torch lacks Shape, Reshape, Split, Pad,

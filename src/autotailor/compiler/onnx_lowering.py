@@ -385,6 +385,21 @@ def _unsqueeze(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         return _replace(node, out, v)
 
 
+
+@lowering(_onnx("einsum", "OnnxEinsum"))
+def _einsum(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
+    """``torch.einsum`` (MaxViT's products), which a later pass writes as ``matmul``."""
+    with gm.graph.inserting_before(node):
+        return _replace(node, gm.graph.call_function(torch.einsum, (_module(gm, node).equation, *node.args)), v)
+
+
+@lowering(_onnx("functions", "OnnxFunction"))
+def _function(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
+    """An elementwise function (Tanh, Exp, Sqrt, ...): the torch function it calls (MaxViT's head's
+    ``tanh``)."""
+    with gm.graph.inserting_before(node):
+        return _replace(node, gm.graph.call_function(_module(gm, node).function, tuple(node.args)), v)
+
 @lowering(_onnx("gemm", "OnnxGemm"))
 def _gemm(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     """``a @ B (+ c)`` by a constant matrix and bias: ``nn.Linear`` (onnx2torch makes one itself

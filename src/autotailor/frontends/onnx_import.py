@@ -31,6 +31,7 @@ _NEW_UNLESS_USED = {
     ("Pad", 18): (13, lambda node: len(node.input_values) <= 3),  # no axes input
     ("Pad", 19): (13, lambda node: len(node.input_values) <= 3 and node.attributes.get("mode") != "wrap"),
     ("ScatterND", 18): (16, lambda node: node.attributes.get("reduction", "none") in ("none", "add", "mul")),
+    ("AveragePool", 19): (11, lambda node: set(node.attributes.get("dilations", [1])) == {1}),
 }
 
 

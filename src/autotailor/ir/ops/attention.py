@@ -389,7 +389,10 @@ def _head_tables(node: fx.Node) -> list[tuple[fx.Node, int | None]]:
             continue
         seen.add(n)
         if n.op == "get_attr":
-            axes = [i for i, size in enumerate(node_shape(n) or ()) if size == heads]
+            shape = node_shape(n) or ()
+            axes = [i for i, size in enumerate(shape) if size == heads]
+            if len(axes) > 1 and n in node.kwargs.values() and len(shape) >= 3 and len(shape) - 3 in axes:
+                axes = [len(shape) - 3]  # the mask itself (an export folds it): (..., heads, N, M)
             if len(axes) == 1:
                 found.append((n, axes[0]))
         elif isinstance(_module(n.graph.owning_module, n), nn.Linear) and (node_shape(n) or (0,))[-1] == heads:
@@ -628,9 +631,9 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
         # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d); MaxViT, chunked in three
         # along the features) are put head-major below; LeViT's are [head][q, k, v] already
         # (view(B, N, H, -1)). An ONNX import of nn.MultiheadAttention splits by reshape(N, B, 3, features).
-        qkv_major = len(split) == 1 and d == dv and isinstance(_module(gm, sources[0]), nn.Linear) and (
-            (split[0] is not None and ((len(split[0]) >= 5 and split[0][-3:-1] == (3, heads))
-                                       or split[0][-2:] == (3, heads * d))) or _thirds(users[0]))
+        qkv_major = d == dv and isinstance(_module(gm, sources[0]), nn.Linear) and (_thirds(users) or (
+            len(split) == 1 and split[0] is not None and ((len(split[0]) >= 5 and split[0][-3:-1] == (3, heads))
+                                                          or split[0][-2:] == (3, heads * d))))
         head_major = len(split) == 1 and split[0] is not None and len(split[0]) == 4 and split[0][2] == heads
         if not (qkv_major or head_major) or node_shape(sources[0])[-1] != heads * (2 * d + dv) or n != m:
             return None
@@ -659,13 +662,22 @@ def _readers(node: fx.Node) -> list[fx.Node]:
     return [u for u in node.users if not _is(u, {"size"})]
 
 
-def _thirds(node: fx.Node) -> bool:
-    """``chunk(x, 3, dim=-1)``: three equal parts of the features."""
-    if not _is(node, {torch.chunk, "chunk"}):
+def _thirds(users: list[fx.Node]) -> bool:
+    """Three equal parts of the features: ``chunk(x, 3, dim=-1)``, or three slices of the last
+    axis (an ONNX import of it)."""
+    shape = node_shape(users[0].args[0]) if users else None
+    if shape is None:
         return False
-    bound = bind(node, ("input", "chunks", "dim"))
-    shape = node_shape(node.args[0])
-    return bound.get("chunks") == 3 and shape is not None and bound.get("dim", 0) % len(shape) == len(shape) - 1
+    if len(users) == 1 and _is(users[0], {torch.chunk, "chunk"}):
+        bound = bind(users[0], ("input", "chunks", "dim"))
+        return bound.get("chunks") == 3 and bound.get("dim", 0) % len(shape) == len(shape) - 1
+    third = shape[-1] // 3
+    index = [u.args[1] if _is(u, {operator.getitem}) and isinstance(u.args[1], tuple) else None for u in users]
+    if len(users) != 3 or not all(i is not None and len(i) == len(shape) and all(s == slice(None) for s in i[:-1])
+                                  and isinstance(i[-1], slice) for i in index):
+        return False
+    return sorted((i[-1].start, i[-1].stop, i[-1].step) for i in index) == [(k * third, (k + 1) * third, 1)
+                                                                           for k in range(3)]
 
 
 def _closed(found: _Found) -> bool:
