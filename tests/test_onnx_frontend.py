@@ -123,9 +123,7 @@ def test_a_transformers_onnx_export_compiles_to_the_same_space(kind, opset, tmp_
         if opset is None:  # sizes the export computes from the batch stay computed from it
             x3 = torch.randn(3, 3, size, size)
             assert rel_err(sn_onnx(x3), model(x3)) <= 1e-5
-    # (torchvision's Swin at 64 px keeps its embedding width, compiled from its module too)
-    kinds = {"heads", "qk", "v", "width", "depth"} | (set() if kind.startswith("torchvision_swin") else {"embedding"})
-    assert kinds <= {v.kind for v in sn_onnx.space.variables}
+    assert {"heads", "qk", "v", "embedding", "width", "depth"} <= {v.kind for v in sn_onnx.space.variables}
     assert_same_space(at.compile(model, x, config=config).eval(), sn_onnx, renumbered=kind.startswith("torchvision_swin"))
     # and a SubNet of it exports to ONNX again and runs in ONNX Runtime
     arch = sn_onnx.space.sample(random.Random(1))

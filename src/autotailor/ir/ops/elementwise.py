@@ -355,6 +355,16 @@ class Mean(Elementwise):
         return reduced(a, node, t, dims, bool(bound.get("keepdim", False)))
 
 
+@register("new_zeros", "new_ones", "new_full", "new_empty")
+class NewTensor(Elementwise):
+    """A new tensor with the input's dtype and device (torchvision's Swin makes its shift mask
+    with ``x.new_zeros((H, W))``): it reads no channels. Sizes it takes from the input are read
+    by ``size``, whose rule covers them."""
+
+    def channels(self, a, node: fx.Node) -> None:
+        return None
+
+
 @register(getattr, "size", "dim")
 class ReadsShape(Elementwise):
     """Reading a shape. Code that reads the channel count and reshapes with it (torchvision's

@@ -6,12 +6,14 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from autotailor.ir.graph import node_shape
+from autotailor.ir.graph import get_attr, node_shape
 from autotailor.ir.handlers import Elementwise, Track, register
 from autotailor.ir.ops.elementwise import Binary, Pointwise, SpatialPool, reduced
 
 try:
-    from onnx2torch.node_converters import activations, binary_math_operations, global_average_pool, reduce, transpose
+    from onnx2torch.node_converters import (activations, binary_math_operations, constant, gather,
+                                            global_average_pool, reduce, shape, transpose)
+    from onnx2torch.node_converters.slice import OnnxSlice
 except ImportError:  # pragma: no cover - onnx2torch is a dependency
     activations = None
 
@@ -61,3 +63,44 @@ if activations is not None:
     @register(*_pools)
     class OnnxGlobalPool(SpatialPool):
         pass
+
+    @register(shape.OnnxShape)
+    class OnnxShape(Elementwise):
+        """``Shape`` (an export's shape arithmetic, such as Swin's shift mask from the spatial
+        sizes): the channels stay free where every reader takes other axes' sizes, a Gather or a
+        Slice by constants; otherwise they are fixed."""
+
+        def channels(self, a, node: fx.Node) -> None:
+            t = a.track(node.args[0])
+            if t is None:
+                return None
+            mod = a.module(node)
+            axes = list(range(len(node_shape(node.args[0]))))[mod._start: mod._end]
+            for user in node.users:
+                taken = _entries(a, user, len(axes))
+                if taken is None or t.axis in [axes[i] for i in taken]:
+                    a.fix(t.gid, f"{node.name} reads the channel count for {user.name}")
+                    return None
+            return None
+
+    def _constant(a, node: object) -> torch.Tensor | None:
+        if isinstance(node, fx.Node) and node.op == "get_attr":
+            value = get_attr(a.gm, node.target)
+        else:
+            value = a.module(node).value if isinstance(node, fx.Node) and node.op == "call_module" \
+                and isinstance(a.module(node), constant.OnnxConstant) else None
+        return value if isinstance(value, torch.Tensor) else None
+
+    def _entries(a, user: fx.Node, n: int) -> list[int] | None:
+        """The entries of a shape of ``n`` that ``user`` takes, or None if not known."""
+        mod = a.module(user) if user.op == "call_module" else None
+        if isinstance(mod, gather.OnnxGather) and mod._axis == 0:
+            index = _constant(a, user.args[1])
+            return None if index is None else [int(i) % n for i in index.flatten().tolist()]
+        if isinstance(mod, OnnxSlice) and len(user.args) >= 3:
+            bounds = [_constant(a, b) for b in user.args[1:]]
+            if any(b is None for b in bounds) or any(int(x) != 0 for x in (bounds[2].tolist() if len(bounds) > 2 else [0])):
+                return None
+            step = int(bounds[3].flatten()[0]) if len(bounds) > 3 else 1
+            return list(range(n))[int(bounds[0].flatten()[0]): int(bounds[1].flatten()[0]): step]
+        return None
