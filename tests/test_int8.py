@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import torch.nn as nn
 import torchvision
 
 import autotailor as at
+from autotailor.counters import ort_kernel_ms, ort_own_node
 from autotailor.predict.latency import make_backend, parse_device
 from autotailor.testing import well_conditioned
 
@@ -29,15 +34,26 @@ def test_precision_is_checked_and_is_part_of_the_target() -> None:
 
 def test_int8_kernels_are_timed_as_inside_a_model(tmp_path) -> None:
     """A kernel alone quantizes its input, dequantizes its output and transposes both for the
-    integer kernels; only its own nodes count."""
+    integer kernels; only its own nodes count. Both sums come from one profile of the kernel
+    file, so the comparison holds whatever the machine's load."""
     backend = make_backend("ort-cpu", threads=1, precision="int8", warmup=3, repeats=20)
     kernel = nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU()).eval()
     shape = (1, 32, 28, 28)
     path = backend.kernel_file(kernel, [shape], tmp_path / "kernel")
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= _ops(path)
-    counted = backend.measure(kernel, shape).median_ms
-    wall = backend.time(backend.prepare(kernel, [shape])).median_ms - backend.overhead().median_ms
-    assert 0 < counted < wall, (counted, wall)
+    assert backend.count == "own" and backend.measure(kernel, shape).median_ms > 0
+    opts = backend.session_options()
+    opts.enable_profiling, opts.profile_file_prefix = True, str(tmp_path / "profile")
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    feed = {sess.get_inputs()[0].name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    for _ in range(13):
+        sess.run(None, feed)
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    own, every = (ort_kernel_ms(events, 3, 0.0, rule) for rule in (ort_own_node, lambda e: True))
+    assert len(own) == len(every) == 10
+    assert all(0 < o < e for o, e in zip(own, every)), (own, every)
+    converted = {e["args"]["op_name"] for e in events if e.get("cat") == "Node" and not ort_own_node(e)}
+    assert "QuantizeLinear" in converted or "DynamicQuantizeLinear" in converted, converted
 
 
 def test_int8_subnets_compute_what_the_fp32_ones_do(tmp_path) -> None:
