@@ -365,7 +365,6 @@ def _flatten(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         return _replace(node, out, v)
 
 
-
 @lowering(*_SQUEEZES)
 def _squeeze(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     """With constant axes (those a split into pieces of one leaves are lowered with it)."""
@@ -385,7 +384,6 @@ def _unsqueeze(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         return _replace(node, out, v)
 
 
-
 @lowering(_onnx("einsum", "OnnxEinsum"))
 def _einsum(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     """``torch.einsum`` (MaxViT's products), which a later pass writes as ``matmul``."""
@@ -399,6 +397,7 @@ def _function(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     ``tanh``)."""
     with gm.graph.inserting_before(node):
         return _replace(node, gm.graph.call_function(_module(gm, node).function, tuple(node.args)), v)
+
 
 @lowering(_onnx("gemm", "OnnxGemm"))
 def _gemm(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
@@ -420,6 +419,7 @@ def _gemm(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     gm.add_submodule(target, linear)
     with gm.graph.inserting_before(node):
         return _replace(node, gm.graph.call_module(target, (a,)), v)
+
 
 def _run(gm: fx.GraphModule, example: torch.Tensor) -> dict[str, object]:
     values: dict[str, object] = {}

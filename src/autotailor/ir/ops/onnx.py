@@ -98,9 +98,11 @@ if activations is not None:
             index = _constant(a, user.args[1])
             return None if index is None else [int(i) % n for i in index.flatten().tolist()]
         if isinstance(mod, OnnxSlice) and len(user.args) >= 3:
-            bounds = [_constant(a, b) for b in user.args[1:]]
-            if any(b is None for b in bounds) or any(int(x) != 0 for x in (bounds[2].tolist() if len(bounds) > 2 else [0])):
-                return None
-            step = int(bounds[3].flatten()[0]) if len(bounds) > 3 else 1
-            return list(range(n))[int(bounds[0].flatten()[0]): int(bounds[1].flatten()[0]): step]
+            given = list(user.args[1:5]) + [None] * (5 - len(user.args))
+            values = [None if b is None else _constant(a, b) for b in given]
+            if any(b is not None and (x is None or x.numel() != 1) for b, x in zip(given, values)) \
+                    or (values[2] is not None and int(values[2]) != 0):
+                return None  # bounds known at run time only, or a slice of another axis
+            step = 1 if values[3] is None else int(values[3])
+            return list(range(n))[int(values[0]): int(values[1]): step]
         return None
