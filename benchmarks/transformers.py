@@ -86,7 +86,8 @@ SPACES = {"dense": _space("[0.25, 0.5, 0.75, 1.0]", ("AttentionBlock",), ("heads
 ONNX = "@onnx"  # a row compiled from the model's ONNX export (opset 17) instead of its module
 ROWS = MODELS + ("torchvision:vit_b_16+dense", "timm:levit_384+dense", "timm:levit_384+fine") + tuple(
     m + ONNX for m in ("torchvision:vit_b_16", "torchvision:swin_t", "torchvision:swin_v2_t", "torchvision:maxvit_t",
-                       "timm:deit_tiny_patch16_224", "timm:swin_tiny_patch4_window7_224", "timm:levit_128s"))
+                       "timm:deit_tiny_patch16_224", "timm:swin_tiny_patch4_window7_224", "timm:levit_128s",
+                       "timm:efficientvit_b0"))
 
 
 class _Said(logging.Handler):

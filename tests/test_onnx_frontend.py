@@ -134,6 +134,35 @@ def test_a_transformers_onnx_export_compiles_to_the_same_space(kind, opset, tmp_
         assert rel_err(torch.from_numpy(y), sn_onnx(x)) <= 1e-4
 
 
+def test_efficientvits_onnx_export_gets_its_linear_attentions_heads(tmp_path) -> None:
+    # Its values padded with ones (a Pad with a constant), q, k and v as three slices, the attention
+    # computed in float32 (Casts), sizes read for the reshapes. (The small model's blocks parse
+    # otherwise from its module and its export, so the spaces are compared by their heads.)
+    from test_transformers import tiny_efficientvit
+
+    model, x = tiny_efficientvit(), torch.randn(1, 3, 64, 64)
+    path = tmp_path / "efficientvit.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    config = "[var.global_vars]\nresolution = [64]\n"
+    sn_onnx, sn_torch = (at.compile(m, x, config=config).eval() for m in (path, model))
+
+    def heads(sn) -> list[tuple]:
+        return [v.choices for v in sn.space.variables if v.kind == "heads"]
+
+    assert heads(sn_onnx) == heads(sn_torch) and len(heads(sn_onnx)) == 3
+    fewest = {**sn_onnx.space.max(), **{v.name: v.choices[0] for v in sn_onnx.space.variables if v.kind == "heads"}}
+    with torch.no_grad():
+        assert rel_err(sn_onnx(x), model(x)) <= 1e-5
+        sn_onnx.set_arch(fewest)
+        net = sn_onnx.extract(fewest).eval()
+        assert rel_err(net(x), sn_onnx(x)) <= 1e-5 and rel_err(net(x), model(x)) > 1e-3
+    sub = export_onnx(net, tmp_path / "subnet.onnx", (1, 3, 64, 64))
+    (y,) = ort.InferenceSession(str(sub), providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})
+    assert rel_err(torch.from_numpy(y), net(x).detach()) <= 1e-4
+
+
 def test_an_operator_using_what_its_older_version_lacks_is_refused(tmp_path) -> None:
     import numpy as np
     import onnx

@@ -321,17 +321,20 @@ def _slice(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
 def _pad(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     """With constant pads: ``F.pad`` (its pads from the last axis back), or nothing if all are zero
     (Swin pads its tokens to whole windows, by zero where they fit)."""
-    x, pads = node.args[:2]
-    if not (isinstance(pads, fx.Node) and pads.name in v.static) or len(node.args) > 2:
+    x, pads, *value = node.args[:3]
+    value = [v.number(c) for c in value if c is not None]  # the constant padded with, if given
+    if not (isinstance(pads, fx.Node) and pads.name in v.static) or None in value:
         return None
     onnx_pads = [int(p) for p in v.values[pads.name].tolist()]
     rank = len(onnx_pads) // 2
     torch_pads = [p for axis in reversed(range(rank)) for p in (onnx_pads[axis], onnx_pads[axis + rank])]
     if not any(torch_pads):
         return _replace(node, x, v)
+    while not any(torch_pads[-2:]):  # leading axes left alone, as a model writes F.pad(v, (0, 1))
+        torch_pads = torch_pads[:-2]
     with gm.graph.inserting_before(node):
-        return _replace(node, gm.graph.call_function(F.pad, (x, tuple(torch_pads)), {"mode": _module(gm, node).mode}),
-                        v)
+        return _replace(node, gm.graph.call_function(F.pad, (x, tuple(torch_pads)), {
+            "mode": _module(gm, node).mode, **({"value": value[0]} if value else {})}), v)
 
 
 @lowering(_onnx("gather", "OnnxGather"))
@@ -398,6 +401,13 @@ def _function(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     with gm.graph.inserting_before(node):
         return _replace(node, gm.graph.call_function(_module(gm, node).function, tuple(node.args)), v)
 
+
+
+@lowering(_onnx("cast", "OnnxCast"))
+def _cast(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
+    """``x.to(dtype)`` (EfficientViT computes its attention in float32)."""
+    with gm.graph.inserting_before(node):
+        return _replace(node, gm.graph.call_method("to", (node.args[0], _module(gm, node).torch_dtype)), v)
 
 @lowering(_onnx("gemm", "OnnxGemm"))
 def _gemm(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:

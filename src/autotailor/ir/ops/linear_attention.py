@@ -142,9 +142,35 @@ def _skip_casts(node: fx.Node, inside: set[fx.Node]) -> fx.Node:
     return node
 
 
-def _index(node: object, last: slice) -> bool:
-    """``x[..., last]``."""
-    return _is(node, {operator.getitem}) and node.args[1] == (Ellipsis, last)
+def _last_axis(node: object) -> tuple[int, int] | None:
+    """(start, stop) of ``x[..., a:b]``, a slice of the last axis only, or None."""
+    if not _is(node, {operator.getitem}) or not isinstance(node.args[1], tuple):
+        return None
+    *rest, last = node.args[1]
+    shape = node_shape(node.args[0])
+    if shape is None or not isinstance(last, slice) or last.step not in (None, 1) or any(
+            r is not Ellipsis and r != slice(None) for r in rest) or (Ellipsis not in rest and len(rest) != len(shape) - 1):
+        return None
+    start, stop, _ = last.indices(shape[-1])
+    return start, stop
+
+
+def _thirds(node: fx.Node) -> tuple[fx.Node, dict[int, fx.Node]] | None:
+    """``node`` is the value third of a tensor split in three along its last axis: the tensor, and
+    the thirds by position (``chunk(3, dim=-1)`` and its items, or three slices: an ONNX import)."""
+    if _is(node, {operator.getitem}) and isinstance(node.args[1], int):
+        chunk = node.args[0]
+        bound = bind(chunk, ("input", "chunks", "dim")) if _is(chunk, {"chunk", torch.chunk}) else {}
+        parts = {u.args[1]: u for u in chunk.users if _is(u, {operator.getitem})}
+        ok = bound.get("chunks") == 3 and bound.get("dim", 0) % 4 == 3 and len(chunk.users) == 3
+        return (chunk.args[0], parts) if ok and set(parts) == {0, 1, 2} and node is parts[2] else None
+    source, shape = (node.args[0], node_shape(node.args[0])) if _is(node, {operator.getitem}) else (None, None)
+    if shape is None or len(source.users) != 3:
+        return None
+    third = shape[-1] // 3
+    spans = {_last_axis(u): u for u in source.users}
+    parts = {i: spans.get((i * third, (i + 1) * third)) for i in range(3)}
+    return (source, parts) if None not in parts.values() and node is parts[2] else None
 
 
 @dataclass
@@ -162,15 +188,11 @@ def _find(gm: fx.GraphModule, pad: fx.Node) -> _Found | None:
             or bound.get("value") != 1.0:
         return None
     inside = {pad}
-    v_part = pad.args[0]
-    chunk = v_part.args[0] if _is(v_part, {operator.getitem}) and v_part.args[1] == 2 else None
-    chunked = bind(chunk, ("input", "chunks", "dim")) if _is(chunk, {"chunk", torch.chunk}) else {}
-    if chunked.get("chunks") != 3 or chunked.get("dim", 0) % 4 != 3:  # q, k, v: thirds of the last axis
+    thirds = _thirds(pad.args[0])  # q, k, v: thirds of the last axis
+    if thirds is None:
         return None
-    parts = {u.args[1]: u for u in chunk.users if _is(u, {operator.getitem})}
-    if set(parts) != {0, 1, 2} or len(chunk.users) != 3:
-        return None
-    split = chunk.args[0]
+    split, parts = thirds
+    chunk = pad.args[0].args[0]  # the chunk, or one of the slices
     if not _is(split, {"transpose"}) or {a % 4 for a in split.args[1:3]} != {2, 3}:
         return None
     grouped = split.args[0]
@@ -203,15 +225,17 @@ def _find(gm: fx.GraphModule, pad: fx.Node) -> _Found | None:
     out = _sole_user(kv)
     if not (_is(out, {operator.matmul}) and out.args == (q, kv)) or len(out.users) != 2:
         return None
-    head, tail = sorted(out.users, key=lambda u: _index(u, slice(-1, None)))
+    d_v = (node_shape(out) or (0,))[-1]
+    head, tail = sorted(out.users, key=lambda u: _last_axis(u) == (d_v - 1, d_v))
     add, div = _sole_user(tail), _sole_user(head)
-    if not (_index(head, slice(None, -1)) and _index(tail, slice(-1, None)) and _is(add, {operator.add})
+    if not (_last_axis(head) == (0, d_v - 1) and _last_axis(tail) == (d_v - 1, d_v) and _is(add, {operator.add})
             and isinstance(add.args[1], float) and _is(div, {operator.truediv}) and div.args == (head, add)):
         return None
     inside.update({kt, kv, out, head, tail, add, div})
     merged = _skip_casts(div, inside)
     back = _sole_user(merged)
-    merged = _sole_user(back) if _is(back, {"transpose"}) else None
+    readers = [u for u in back.users if not _is(u, {"size"})] if _is(back, {"transpose"}) else []
+    merged = readers[0] if len(readers) == 1 else None  # (an ONNX import reshapes by a size it reads)
     if merged is None or not _is(merged, {"reshape", "view"}) or \
             node_shape(merged) != (shape[0], len(scales) * in_shapes[0][1] // 3, *in_shapes[0][2:]):
         return None
@@ -221,7 +245,11 @@ def _find(gm: fx.GraphModule, pad: fx.Node) -> _Found | None:
 
 
 def _closed(found: _Found) -> bool:
-    return all(u in found.inside for n in found.inside if n is not found.merged for u in n.users)
+    """Nothing outside reads what the operator replaces (but sizes read for it alone)."""
+    def inside(u: fx.Node) -> bool:
+        return u in found.inside or (_is(u, {"size"}) and all(w in found.inside for w in u.users))
+
+    return all(inside(u) for n in found.inside if n is not found.merged for u in n.users)
 
 
 def _head_major_columns(conv: nn.Conv2d, heads: int, scales: int, d: int) -> Callable[[], None]:
