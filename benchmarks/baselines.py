@@ -70,7 +70,7 @@ from common import State, default_cifar10, head_commit, machine, save_figure, wr
 
 MODELS = ("resnet18", "mobilenet_v2")
 # each model's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
-SCHEDULE = {"resnet18": "sandwich4-4ep+4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep"}
+SCHEDULE = {"resnet18": "sandwich4-4ep+4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep+4ep"}
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
