@@ -620,13 +620,13 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     qkv_major = False
     if kv_fused:
         sources = sources[:2]
-        split = [node_shape(u) for u in _readers(sources[1])]  # [head][k, v] (LeViT: view(B, M, H, -1))
+        split = [node_shape(u) for u in value_readers(sources[1])]  # [head][k, v] (LeViT: view(B, M, H, -1))
         if len(split) != 1 or len(split[0]) != 4 or split[0][2] != heads or \
                 [node_shape(x)[-1] for x in sources] != [heads * d, heads * (d + dv)]:
             return None
     elif fused:
         sources = sources[:1]
-        users = _readers(sources[0])
+        users = value_readers(sources[0])
         split = [node_shape(u) for u in users]
         # Rows [q, k, v][head][dim] (timm, split by reshape(B, N, 3, H, d); MaxViT, chunked in three
         # along the features) are put head-major below; LeViT's are [head][q, k, v] already
@@ -646,7 +646,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     merged_shapes = [(n, *lead, heads * dv), (n * lead[0], heads * dv)] if tokens_first else [(*lead, n, heads * dv)]
     merged = out
     while node_shape(merged) not in merged_shapes:
-        users = _readers(merged)
+        users = value_readers(merged)
         if len(users) != 1 or not _is_view(users[0]):
             return None
         merged = users[0]
@@ -657,7 +657,7 @@ def _assemble(gm: fx.GraphModule, q: fx.Node, k: fx.Node, v: fx.Node, masks: dic
     return _Found(sources, merged, core, inside, masks, qkv_major, tokens_first)
 
 
-def _readers(node: fx.Node) -> list[fx.Node]:
+def value_readers(node: fx.Node) -> list[fx.Node]:
     """The nodes that read ``node``'s values, not only its sizes."""
     return [u for u in node.users if not _is(u, {"size"})]
 
@@ -680,14 +680,16 @@ def _thirds(users: list[fx.Node]) -> bool:
                                                                            for k in range(3)]
 
 
-def _closed(found: _Found) -> bool:
-    """Nothing outside reads what the operator replaces, and the projections feed only it (or
-    their sizes, read for it alone: an ONNX import reshapes ``x`` by ``x.size(0)``)."""
-    def inside(u: fx.Node) -> bool:
-        return u in found.inside or (_is(u, {"size"}) and all(w in found.inside for w in u.users))
+def read_inside(user: fx.Node, inside: set[fx.Node]) -> bool:
+    """``user`` is one of ``inside``, or reads a size for them alone (an ONNX import reshapes ``x``
+    by ``x.size(0)``)."""
+    return user in inside or (_is(user, {"size"}) and all(w in inside for w in user.users))
 
-    ok = all(inside(u) for n in found.inside if n is not found.merged for u in n.users)
-    return ok and all(inside(u) for s in found.sources for u in s.users)
+
+def _closed(found: _Found) -> bool:
+    """Nothing outside reads what the operator replaces, and the projections feed only it."""
+    ok = all(read_inside(u, found.inside) for n in found.inside if n is not found.merged for u in n.users)
+    return ok and all(read_inside(u, found.inside) for s in found.sources for u in s.users)
 
 
 def _head_major(linear: nn.Linear, heads: int) -> Callable[[], None]:

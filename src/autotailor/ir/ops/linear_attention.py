@@ -32,7 +32,7 @@ from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import bind, free_name, node_shape, rewrite_checked
 from autotailor.ir.graph import calls as _is
 from autotailor.ir.handlers import Member, Shape, Track, register, register_rewrite
-from autotailor.ir.ops.attention import HeadAttention, HeadAttentionHandler, HeadsSpec
+from autotailor.ir.ops.attention import HeadAttention, HeadAttentionHandler, HeadsSpec, read_inside, value_readers
 from autotailor.ir.operators import Operator
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def _find(gm: fx.GraphModule, pad: fx.Node) -> _Found | None:
     inside.update({kt, kv, out, head, tail, add, div})
     merged = _skip_casts(div, inside)
     back = _sole_user(merged)
-    readers = [u for u in back.users if not _is(u, {"size"})] if _is(back, {"transpose"}) else []
+    readers = value_readers(back) if _is(back, {"transpose"}) else []
     merged = readers[0] if len(readers) == 1 else None  # (an ONNX import reshapes by a size it reads)
     if merged is None or not _is(merged, {"reshape", "view"}) or \
             node_shape(merged) != (shape[0], len(scales) * in_shapes[0][1] // 3, *in_shapes[0][2:]):
@@ -245,11 +245,8 @@ def _find(gm: fx.GraphModule, pad: fx.Node) -> _Found | None:
 
 
 def _closed(found: _Found) -> bool:
-    """Nothing outside reads what the operator replaces (but sizes read for it alone)."""
-    def inside(u: fx.Node) -> bool:
-        return u in found.inside or (_is(u, {"size"}) and all(w in found.inside for w in u.users))
-
-    return all(inside(u) for n in found.inside if n is not found.merged for u in n.users)
+    """Nothing outside reads what the operator replaces."""
+    return all(read_inside(u, found.inside) for n in found.inside if n is not found.merged for u in n.users)
 
 
 def _head_major_columns(conv: nn.Conv2d, heads: int, scales: int, d: int) -> Callable[[], None]:
