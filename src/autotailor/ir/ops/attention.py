@@ -665,19 +665,36 @@ def value_readers(node: fx.Node) -> list[fx.Node]:
 def _thirds(users: list[fx.Node]) -> bool:
     """Three equal parts of the features: ``chunk(x, 3, dim=-1)``, or three slices of the last
     axis (an ONNX import of it)."""
-    shape = node_shape(users[0].args[0]) if users else None
-    if shape is None:
-        return False
     if len(users) == 1 and _is(users[0], {torch.chunk, "chunk"}):
+        shape = node_shape(users[0].args[0])
         bound = bind(users[0], ("input", "chunks", "dim"))
-        return bound.get("chunks") == 3 and bound.get("dim", 0) % len(shape) == len(shape) - 1
+        return shape is not None and bound.get("chunks") == 3 and bound.get("dim", 0) % len(shape) == len(shape) - 1
+    return slice_thirds(users) is not None
+
+
+def last_axis_span(node: object) -> tuple[int, int] | None:
+    """(start, stop) of ``x[..., a:b]``, a slice of the last axis only, or None."""
+    if not _is(node, {operator.getitem}) or not isinstance(node.args[1], tuple):
+        return None
+    *rest, last = node.args[1]
+    shape = node_shape(node.args[0])
+    if shape is None or not isinstance(last, slice) or last.step not in (None, 1) or any(
+            r is not Ellipsis and r != slice(None) for r in rest) or (Ellipsis not in rest and len(rest) != len(shape) - 1):
+        return None
+    start, stop, _ = last.indices(shape[-1])
+    return start, stop
+
+
+def slice_thirds(readers: list[fx.Node]) -> dict[int, fx.Node] | None:
+    """``readers`` of one tensor, by position, if they are three slices of its last axis in equal
+    thirds (an ONNX import's ``chunk(3, dim=-1)``); else None."""
+    shape = node_shape(readers[0].args[0]) if readers and readers[0].args else None
+    if shape is None or len(readers) != 3:
+        return None
     third = shape[-1] // 3
-    index = [u.args[1] if _is(u, {operator.getitem}) and isinstance(u.args[1], tuple) else None for u in users]
-    if len(users) != 3 or not all(i is not None and len(i) == len(shape) and all(s == slice(None) for s in i[:-1])
-                                  and isinstance(i[-1], slice) for i in index):
-        return False
-    return sorted((i[-1].start, i[-1].stop, i[-1].step) for i in index) == [(k * third, (k + 1) * third, 1)
-                                                                           for k in range(3)]
+    spans = {last_axis_span(u): u for u in readers}
+    parts = {i: spans.get((i * third, (i + 1) * third)) for i in range(3)}
+    return None if None in parts.values() else parts
 
 
 def read_inside(user: fx.Node, inside: set[fx.Node]) -> bool:

@@ -32,7 +32,8 @@ from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import bind, free_name, node_shape, rewrite_checked
 from autotailor.ir.graph import calls as _is
 from autotailor.ir.handlers import Member, Shape, Track, register, register_rewrite
-from autotailor.ir.ops.attention import HeadAttention, HeadAttentionHandler, HeadsSpec, read_inside, value_readers
+from autotailor.ir.ops.attention import (HeadAttention, HeadAttentionHandler, HeadsSpec, last_axis_span, read_inside,
+                                         slice_thirds, value_readers)
 from autotailor.ir.operators import Operator
 
 log = logging.getLogger(__name__)
@@ -142,19 +143,6 @@ def _skip_casts(node: fx.Node, inside: set[fx.Node]) -> fx.Node:
     return node
 
 
-def _last_axis(node: object) -> tuple[int, int] | None:
-    """(start, stop) of ``x[..., a:b]``, a slice of the last axis only, or None."""
-    if not _is(node, {operator.getitem}) or not isinstance(node.args[1], tuple):
-        return None
-    *rest, last = node.args[1]
-    shape = node_shape(node.args[0])
-    if shape is None or not isinstance(last, slice) or last.step not in (None, 1) or any(
-            r is not Ellipsis and r != slice(None) for r in rest) or (Ellipsis not in rest and len(rest) != len(shape) - 1):
-        return None
-    start, stop, _ = last.indices(shape[-1])
-    return start, stop
-
-
 def _thirds(node: fx.Node) -> tuple[fx.Node, dict[int, fx.Node]] | None:
     """``node`` is the value third of a tensor split in three along its last axis: the tensor, and
     the thirds by position (``chunk(3, dim=-1)`` and its items, or three slices: an ONNX import)."""
@@ -164,13 +152,9 @@ def _thirds(node: fx.Node) -> tuple[fx.Node, dict[int, fx.Node]] | None:
         parts = {u.args[1]: u for u in chunk.users if _is(u, {operator.getitem})}
         ok = bound.get("chunks") == 3 and bound.get("dim", 0) % 4 == 3 and len(chunk.users) == 3
         return (chunk.args[0], parts) if ok and set(parts) == {0, 1, 2} and node is parts[2] else None
-    source, shape = (node.args[0], node_shape(node.args[0])) if _is(node, {operator.getitem}) else (None, None)
-    if shape is None or len(source.users) != 3:
-        return None
-    third = shape[-1] // 3
-    spans = {_last_axis(u): u for u in source.users}
-    parts = {i: spans.get((i * third, (i + 1) * third)) for i in range(3)}
-    return (source, parts) if None not in parts.values() and node is parts[2] else None
+    source = node.args[0] if _is(node, {operator.getitem}) else None
+    parts = slice_thirds(list(source.users)) if isinstance(source, fx.Node) else None
+    return (source, parts) if parts is not None and node is parts[2] else None
 
 
 @dataclass
@@ -226,9 +210,9 @@ def _find(gm: fx.GraphModule, pad: fx.Node) -> _Found | None:
     if not (_is(out, {operator.matmul}) and out.args == (q, kv)) or len(out.users) != 2:
         return None
     d_v = (node_shape(out) or (0,))[-1]
-    head, tail = sorted(out.users, key=lambda u: _last_axis(u) == (d_v - 1, d_v))
+    head, tail = sorted(out.users, key=lambda u: last_axis_span(u) == (d_v - 1, d_v))
     add, div = _sole_user(tail), _sole_user(head)
-    if not (_last_axis(head) == (0, d_v - 1) and _last_axis(tail) == (d_v - 1, d_v) and _is(add, {operator.add})
+    if not (last_axis_span(head) == (0, d_v - 1) and last_axis_span(tail) == (d_v - 1, d_v) and _is(add, {operator.add})
             and isinstance(add.args[1], float) and _is(div, {operator.truediv}) and div.args == (head, add)):
         return None
     inside.update({kt, kv, out, head, tail, add, div})
