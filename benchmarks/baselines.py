@@ -391,12 +391,12 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
 
 
 # CPU-minutes of the training that made each method's kept weights, as benchmarks/artifacts/README.md
-# records them (1 thread of an AMD EPYC vCPU, beside other work; ResNet-18's third cycle on an Intel
-# Xeon vCPU); the runs here load those weights.
+# records them (1 thread of an AMD EPYC vCPU, beside other work; every third cycle on an Intel Xeon
+# vCPU); the runs here load those weights.
 TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60 + 38 + 75", ("mobilenet_v2", "autotailor"): "about 60 + 39 + 85",
                  ("resnet18", "nestdnn"): "about 75 (5 x ~15) + 36 (5 x 2-15) + 75 (5 x 4-29)",
-                 ("mobilenet_v2", "nestdnn"): "20-60 (5 x 4-12) + 38 (5 x 3-12)",
-                 ("resnet18", "adaptivenet"): "116 + 52 + 117", ("mobilenet_v2", "adaptivenet"): "about 80 + 42"}
+                 ("mobilenet_v2", "nestdnn"): "20-60 (5 x 4-12) + 38 (5 x 3-12) + 161 (5 x 7-94)",
+                 ("resnet18", "adaptivenet"): "116 + 52 + 117", ("mobilenet_v2", "adaptivenet"): "about 80 + 42 + 125"}
 
 
 def costs(state: State, model: str, work: Path) -> list[dict]:
@@ -551,7 +551,7 @@ def main() -> None:
                    help="training steps of the AdaptiveNet-style SuperNet's new blocks")
     p.add_argument("--train-only", action="store_true",
                    help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
-                        "blocks (no latency measured: for a busy machine)")
+                        "blocks (no latency measured and no report written: for a busy machine)")
     p.add_argument("--methods", default="nestdnn,adaptivenet",
                    help="the baselines to train (--train-only: two processes can train one each) or to measure")
     p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
@@ -579,15 +579,17 @@ def main() -> None:
                 if ckpt.is_file():
                     print(*train_base.snapshot(name, torch.load(ckpt, map_location="cpu")))
         return
+    if args.train_only:  # writes no report: the comparison's points are not measured yet
+        for model in args.models.split(","):
+            (work / model).mkdir(exist_ok=True)
+            if "nestdnn" in args.methods.split(","):
+                nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
+            if "adaptivenet" in args.methods.split(","):
+                adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
+        return
     if not args.report_only:
         for model in args.models.split(","):
             (work / model).mkdir(exist_ok=True)
-            if args.train_only:
-                if "nestdnn" in args.methods.split(","):
-                    nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
-                if "adaptivenet" in args.methods.split(","):
-                    adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
-                continue
             methods = args.methods.split(",")
             autotailor_points(state, model, args.data, work)
             if "nestdnn" in methods:
