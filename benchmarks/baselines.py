@@ -81,6 +81,7 @@ ADAPTIVENET_EVERY = 3  # its Nearby search costs minutes a budget
 METHODS = ("autotailor", "nestdnn", "adaptivenet")
 LR, WARMUP = 0.03, 100  # the SuperNet tuning's
 CALIBRATION_IMAGES = 2048
+TEST_IMAGES = 10_000  # CIFAR-10's test split, on which every point is evaluated
 # The paper's Fig. 13 (ImageNet, phones and Jetsons): AutoTailor's mean gain over AdaptiveNet.
 PAPER = {"resnet50": {"accuracy_pts": 2.27, "latency_pct": -10.37},
          "mobilenet_v2": {"accuracy_pts": 4.12, "latency_pct": -21.48}}
@@ -453,6 +454,16 @@ def _timing_noise(state: State, model: str) -> str:
             "the paired design corrects the drift, not a burst within one timing.")
 
 
+def _test_noise(points: list[dict]) -> str:
+    """The test images' sampling noise at the points' median accuracy: what a gain or loss is
+    to be read against."""
+    p = float(np.median([a["accuracy"] for a in points]))
+    se = (p * (1 - p) / TEST_IMAGES) ** 0.5
+    return (f"One standard error of a test accuracy near {100 * p:.0f} % is {100 * se:.2f} points; of the "
+            f"difference between two models' accuracies at most {100 * 2 ** 0.5 * se:.2f} (less as they err on the "
+            "same images).")
+
+
 def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/baselines.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch", "onnxruntime", "torch_pruning")
@@ -460,7 +471,7 @@ def report(state: State) -> None:
     lines = ["# AutoTailor against NestDNN* and AdaptiveNet (CIFAR-10, ONNX Runtime 1 thread)", "",
              f"Machine of this report: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
              f"torch-pruning {m['torch_pruning']}; commit {commit}. Command: `{command}` (resumes; `--report-only` "
-             "rewrites this from the state). Accuracy on the 10,000 test images; latency as ONNX, timed in one "
+             f"rewrites this from the state). Accuracy on the {TEST_IMAGES:,} test images; latency as ONNX, timed in one "
              "pass alternated with a reference SubNet and scaled to the speed the LUT was built at. AutoTailor's "
              "finalists and AdaptiveNet's search measure accuracy on the same validation sample.", ""]
     summary: dict = {}
@@ -470,7 +481,8 @@ def report(state: State) -> None:
             continue
         lines += [f"## {model}", "", f"AutoTailor's SuperNet tuned with `{SCHEDULE[model]}` ({cycles(model)} cycle(s) of "
                   f"{STEPS:,} steps); each baseline trained for as many cycles of its own. Profiled and timed on "
-                  f"{state.get(model, 'timed_on') or 'the machine above'}. {_timing_noise(state, model)}", ""]
+                  f"{state.get(model, 'timed_on') or 'the machine above'}. {_timing_noise(state, model)} "
+                  f"{_test_noise(auto)}", ""]
         for method, (label, name) in BASELINES.items():
             base = [p for p in (state.get(model, method) or {}).values() if "latency_ms" in p]
             if not base:
