@@ -212,20 +212,25 @@ def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float 
                      sum(losses[-50:]) / max(1, len(losses[-50:])))
 
 
-def evaluate(net: BlockScalingNet, path: Path_, batches, calibration) -> float:
-    """Top-1 accuracy of ``path`` on ``batches``, BatchNorm of a copy recalibrated on
-    ``calibration`` first (as AutoTailor's SubNets are evaluated)."""
+def calibrated(net: BlockScalingNet, path: Path_, calibration) -> nn.Module:
+    """A copy of ``path``'s network, in eval mode, its BatchNorm statistics estimated on
+    ``calibration`` (as AutoTailor's SubNets are evaluated)."""
     model = copy.deepcopy(net.subnet(path))
-    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    for bn in norms:
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
         bn.reset_running_stats()
         bn.momentum = None
         bn.train()
     with torch.no_grad():
         for x, _ in calibration:
             model(x)
-        model.eval()
-        correct = total = 0
+    return model.eval()
+
+
+def evaluate(net: BlockScalingNet, path: Path_, batches, calibration) -> float:
+    """Top-1 accuracy of ``path`` on ``batches``, BatchNorm recalibrated on ``calibration`` first."""
+    model = calibrated(net, path, calibration)
+    correct = total = 0
+    with torch.no_grad():
         for x, y in batches:
             correct += int((model(x).argmax(1) == y).sum())
             total += len(y)

@@ -2,7 +2,7 @@
 
 Reproduce (from the repository root, after `make install`; hours on 2 cores, resumable)::
 
-    .venv/bin/python benchmarks/tuning_schedules.py --schedules sandwich4-4ep,sandwich4-4ep+4ep   # ``SCHEDULE``
+    .venv/bin/python benchmarks/tuning_schedules.py --schedules sandwich4-4ep,sandwich4-4ep+4ep,sandwich4-4ep+4ep+4ep
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/baselines.py --data ../shared/data/cifar10
     .venv/bin/python benchmarks/baselines.py --report-only
 
@@ -36,7 +36,9 @@ ONNX Runtime (1 thread) in two passes, each timing beside a reading of the refer
 so that the machine's drift cancels (``DeviceSetup.time_deployed``; latencies are at the
 speed the LUT was built at). Compared: accuracy at equal latency (each baseline model against
 the most accurate AutoTailor SubNet no slower) and latency at equal accuracy (against the
-fastest AutoTailor SubNet at least as accurate). Each method's costs (the paper's Fig. 15):
+fastest AutoTailor SubNet at least as accurate), the former with its standard error counted on
+the test images where the two models disagree (``paired_points``: which images each point gets
+wrong, from the weights it was timed with). Each method's costs (the paper's Fig. 15):
 training in image-steps and CPU-minutes, latency profiling, accuracy evaluations and search
 (``costs``). The state is kept in
 ``benchmarks/work/baselines/state.json``, so an interrupted run resumes. Results:
@@ -46,6 +48,7 @@ training in image-steps and CPU-minutes, latency profiling, accuracy evaluations
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import logging
 import os
@@ -55,6 +58,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -127,10 +131,19 @@ def autotailor_work(model: str, data: str, work: Path) -> Path:
     return folder
 
 
+def _test_batches(data: str) -> tuple[list, list]:
+    """The test images in order, and the training batches that recalibrate BatchNorm."""
+    from autotailor.data import BatchLoader, load_data
+
+    train, test = load_data(f"cifar10:{data}", seed=0)
+    calib = BatchLoader(train, 64, train=True, resolution=32, seed=0)
+    calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // 64)]
+    return list(BatchLoader(test, 500, train=False, resolution=32)), calibration
+
+
 def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
     """The test accuracy, MACs and parameters of every SubNet the search chose."""
     import autotailor as at
-    from autotailor.data import BatchLoader, load_data
     from autotailor.pipeline.results import SearchRecord
     from autotailor.predict.latency import CostModel, KernelPlan
     from autotailor.tune import evaluate
@@ -138,10 +151,7 @@ def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
     folder = autotailor_work(model, data, work)
     sn = at.load(folder)
     costs = CostModel(KernelPlan(sn, "none"))
-    train, test = load_data(f"cifar10:{data}", seed=0)
-    calib = BatchLoader(train, 64, train=True, resolution=32, seed=0)
-    calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // 64)]
-    batches = list(BatchLoader(test, 500, train=False, resolution=32))
+    batches, calibration = _test_batches(data)
     record = SearchRecord.read(folder)
     budgets = [c.limits for c in record.choices]
     if state.get(model, "autotailor_budgets") != budgets:
@@ -290,7 +300,6 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: i
     """AdaptiveNet's search for each of AutoTailor's budgets (its own latency table, accuracy
     measured on the same validation images), then each choice's test accuracy."""
     import torch_pruning as tp
-    from autotailor.data import BatchLoader, load_data
     from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.workdir import EvalSettings, eval_data
     from autotailor.predict.latency.backends.base import make_backend, parse_device
@@ -318,10 +327,7 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: i
             measured[path] = adaptivenet.evaluate(net, path, val.val, val.calibration)
         return measured[path]
 
-    train, test = load_data(f"cifar10:{data}", seed=0)
-    calib = BatchLoader(train, 64, train=True, resolution=32, seed=0)
-    calibration = [calib.batch(0, i) for i in range(CALIBRATION_IMAGES // 64)]
-    batches = list(BatchLoader(test, 500, train=False, resolution=32))
+    batches, calibration = _test_batches(data)
     for budget in budgets:
         key = f"{budget:g}"
         if state.get(model, "adaptivenet", key) is not None:
@@ -377,6 +383,56 @@ def time_all(state: State, model: str, work: Path) -> None:
     state.put(f"{machine()['cpu']}, commit {head_commit()}", model, "timed_on")
 
 
+def _wrong(forward: Callable[[torch.Tensor], torch.Tensor], batches: list) -> str:
+    """The test images ``forward`` classifies wrongly, as a bitmask in base64 (bit i: image i)."""
+    with torch.no_grad():
+        wrong = torch.cat([forward(x).argmax(1) != y for x, y in batches]).numpy()
+    return base64.b64encode(np.packbits(wrong).tobytes()).decode()
+
+
+def _unpacked(wrong: str) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(base64.b64decode(wrong), dtype=np.uint8))[:TEST_IMAGES].astype(bool)
+
+
+def paired_points(state: State, model: str, data: str, work: Path) -> None:
+    """Which test images every point gets wrong, evaluated as its accuracy was: a comparison's
+    standard error is then counted on the images where its two models disagree."""
+    import autotailor as at
+    from autotailor.data.loader import at_resolution
+    from autotailor.tune.evaluate import recalibrated
+
+    batches, calibration = _test_batches(data)
+    sn, blocks = at.load(work / model / "autotailor"), None
+    for method in METHODS:
+        for key, point in (state.get(model, method) or {}).items():
+            if "wrong" in point or point.get("path", True) is None:
+                continue
+            if method == "autotailor":
+                arch = sn.space.complete(point["arch"])
+                with recalibrated(sn, arch, calibration):
+                    size = sn.input_shape()[-1]
+                    wrong = _wrong(lambda x: sn(at_resolution(x, size)), batches)
+            elif method == "adaptivenet":
+                blocks = blocks or _trained_blocks(model, work)
+                wrong = _wrong(adaptivenet.calibrated(blocks, tuple(tuple(c) for c in point["path"]), calibration),
+                               batches)
+            else:
+                wrong = _wrong(nestdnn_model(model, point["ratio"], cycles(model)).eval(), batches)
+            # the accuracy of the model timed: NestDNN*'s kept fp16 weights can move a few images
+            # from the fp32 model's it was trained as
+            state.put({**point, "wrong": wrong, "accuracy": 1 - float(_unpacked(wrong).mean())}, model, method, key)
+
+
+def paired_se_pts(a: dict, b: dict) -> float | None:
+    """One standard error, in points, of ``a``'s accuracy minus ``b``'s on the same test images
+    (from the images exactly one of them gets right), or None without both points' errors."""
+    if "wrong" not in a or "wrong" not in b:
+        return None
+    wa, wb = _unpacked(a["wrong"]), _unpacked(b["wrong"])
+    a_only, b_only, n = int((wb & ~wa).sum()), int((wa & ~wb).sum()), len(wa)
+    return 100 * (a_only + b_only - (a_only - b_only) ** 2 / n) ** 0.5 / n
+
+
 def compare(auto: list[dict], base: list[dict]) -> list[dict]:
     """For each baseline point: the most accurate AutoTailor point no slower (accuracy at equal
     latency) and the fastest at least as accurate (latency at equal accuracy)."""
@@ -387,6 +443,7 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
         best = max(faster, key=lambda a: a["accuracy"]) if faster else None
         quick = min(better, key=lambda a: a["latency_ms"]) if better else None
         rows.append({"baseline": b, "accuracy_gain_pts": 100 * (best["accuracy"] - b["accuracy"]) if best else None,
+                     "accuracy_gain_se_pts": paired_se_pts(best, b) if best else None,
                      "latency_change_pct": 100 * (quick["latency_ms"] / b["latency_ms"] - 1) if quick else None})
     return rows
 
@@ -460,8 +517,8 @@ def _test_noise(points: list[dict]) -> str:
     p = float(np.median([a["accuracy"] for a in points]))
     se = (p * (1 - p) / TEST_IMAGES) ** 0.5
     return (f"One standard error of a test accuracy near {100 * p:.0f} % is {100 * se:.2f} points; of the "
-            f"difference between two models' accuracies at most {100 * 2 ** 0.5 * se:.2f} (less as they err on the "
-            "same images).")
+            f"difference between two models' accuracies at most {100 * 2 ** 0.5 * se:.2f}, less as they err on the "
+            "same images: the ± after a gain is its standard error counted on the images where the two disagree.")
 
 
 def report(state: State) -> None:
@@ -498,8 +555,9 @@ def report(state: State) -> None:
             for r in rows:
                 b = r["baseline"]
                 lines.append(f"| {name(b)} | {b['latency_ms']:.3f} ms | {100 * b['accuracy']:.2f} % | "
-                             + (f"{r['accuracy_gain_pts']:+.2f} pts" if r["accuracy_gain_pts"] is not None
-                                else "none as fast")
+                             + (f"{r['accuracy_gain_pts']:+.2f}" + (f" ± {r['accuracy_gain_se_pts']:.2f}"
+                                                                      if r["accuracy_gain_se_pts"] is not None else "")
+                                + " pts" if r["accuracy_gain_pts"] is not None else "none as fast")
                              + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
                                         else "none as accurate") + " |")
             lines.append("")
@@ -610,6 +668,7 @@ def main() -> None:
                 adaptivenet_points(state, model, args.data, work, args.adaptivenet_steps)
             if not args.no_timing:
                 time_all(state, model, work)
+            paired_points(state, model, args.data, work)
     report(state)
 
 
