@@ -521,6 +521,14 @@ def _test_noise(points: list[dict]) -> str:
             "same images: the ± after a gain is its standard error counted on the images where the two disagree.")
 
 
+def _gain(row: dict) -> str:
+    """A comparison's accuracy gain with its standard error, as the report's cell."""
+    if row["accuracy_gain_pts"] is None:
+        return "none as fast"
+    se = row["accuracy_gain_se_pts"]
+    return f"{row['accuracy_gain_pts']:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + " pts"
+
+
 def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/baselines.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch", "onnxruntime", "torch_pruning")
@@ -555,9 +563,7 @@ def report(state: State) -> None:
             for r in rows:
                 b = r["baseline"]
                 lines.append(f"| {name(b)} | {b['latency_ms']:.3f} ms | {100 * b['accuracy']:.2f} % | "
-                             + (f"{r['accuracy_gain_pts']:+.2f}" + (f" ± {r['accuracy_gain_se_pts']:.2f}"
-                                                                      if r["accuracy_gain_se_pts"] is not None else "")
-                                + " pts" if r["accuracy_gain_pts"] is not None else "none as fast")
+                             + _gain(r)
                              + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
                                         else "none as accurate") + " |")
             lines.append("")
