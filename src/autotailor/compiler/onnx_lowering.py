@@ -402,12 +402,12 @@ def _function(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
         return _replace(node, gm.graph.call_function(_module(gm, node).function, tuple(node.args)), v)
 
 
-
 @lowering(_onnx("cast", "OnnxCast"))
 def _cast(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:
     """``x.to(dtype)`` (EfficientViT computes its attention in float32)."""
     with gm.graph.inserting_before(node):
         return _replace(node, gm.graph.call_method("to", (node.args[0], _module(gm, node).torch_dtype)), v)
+
 
 @lowering(_onnx("gemm", "OnnxGemm"))
 def _gemm(gm: fx.GraphModule, node: fx.Node, v: _Values) -> list | None:

@@ -665,11 +665,16 @@ def value_readers(node: fx.Node) -> list[fx.Node]:
 def _thirds(users: list[fx.Node]) -> bool:
     """Three equal parts of the features: ``chunk(x, 3, dim=-1)``, or three slices of the last
     axis (an ONNX import of it)."""
-    if len(users) == 1 and _is(users[0], {torch.chunk, "chunk"}):
-        shape = node_shape(users[0].args[0])
-        bound = bind(users[0], ("input", "chunks", "dim"))
-        return shape is not None and bound.get("chunks") == 3 and bound.get("dim", 0) % len(shape) == len(shape) - 1
-    return slice_thirds(users) is not None
+    return (len(users) == 1 and last_axis_chunk3(users[0])) or slice_thirds(users) is not None
+
+
+def last_axis_chunk3(node: object) -> bool:
+    """``node`` is ``chunk(x, 3, dim=-1)``."""
+    if not _is(node, {torch.chunk, "chunk"}):
+        return False
+    shape = node_shape(node.args[0])
+    bound = bind(node, ("input", "chunks", "dim"))
+    return shape is not None and bound.get("chunks") == 3 and bound.get("dim", 0) % len(shape) == len(shape) - 1
 
 
 def last_axis_span(node: object) -> tuple[int, int] | None:

@@ -32,8 +32,8 @@ from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import bind, free_name, node_shape, rewrite_checked
 from autotailor.ir.graph import calls as _is
 from autotailor.ir.handlers import Member, Shape, Track, register, register_rewrite
-from autotailor.ir.ops.attention import (HeadAttention, HeadAttentionHandler, HeadsSpec, last_axis_span, read_inside,
-                                         slice_thirds, value_readers)
+from autotailor.ir.ops.attention import (HeadAttention, HeadAttentionHandler, HeadsSpec, last_axis_chunk3,
+                                         last_axis_span, read_inside, slice_thirds, value_readers)
 from autotailor.ir.operators import Operator
 
 log = logging.getLogger(__name__)
@@ -148,9 +148,8 @@ def _thirds(node: fx.Node) -> tuple[fx.Node, dict[int, fx.Node]] | None:
     the thirds by position (``chunk(3, dim=-1)`` and its items, or three slices: an ONNX import)."""
     if _is(node, {operator.getitem}) and isinstance(node.args[1], int):
         chunk = node.args[0]
-        bound = bind(chunk, ("input", "chunks", "dim")) if _is(chunk, {"chunk", torch.chunk}) else {}
         parts = {u.args[1]: u for u in chunk.users if _is(u, {operator.getitem})}
-        ok = bound.get("chunks") == 3 and bound.get("dim", 0) % 4 == 3 and len(chunk.users) == 3
+        ok = last_axis_chunk3(chunk) and len(chunk.users) == 3
         return (chunk.args[0], parts) if ok and set(parts) == {0, 1, 2} and node is parts[2] else None
     source = node.args[0] if _is(node, {operator.getitem}) else None
     parts = slice_thirds(list(source.users)) if isinstance(source, fx.Node) else None
