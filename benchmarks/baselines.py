@@ -14,7 +14,8 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   all through the command line a user has (the paper searches 40-50).
 - **NestDNN***: as the paper approximates NestDNN (its code is not public), the trained base
   model pruned with Torch-Pruning (L1 magnitude, one ratio for every layer, the classifier
-  kept) at each of ``RATIOS``, fine-tuned with the recipe of ``train_base.py`` at the tuning's
+  kept, each layer's kept channels rounded down to a multiple of ``ROUND_TO``) at each of
+  ``RATIOS``, fine-tuned with the recipe of ``train_base.py`` at the tuning's
   learning rate. Together they get the SuperNet tuning's image-steps (images times networks
   trained on them: 3,128 batches of 64 for 4 SubNets each, per tuning cycle), each ratio a fifth
   (``NESTDNN_STEPS`` a cycle); their weights are kept in ``benchmarks/artifacts/``.
@@ -77,6 +78,11 @@ MODELS = ("resnet18", "mobilenet_v2")
 SCHEDULE = {"resnet18": "sandwich4-4ep+4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep+4ep"}
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
+# ONNX Runtime's x86 convolutions take their fast, blocked path only for channel counts in
+# multiples of 8 (AVX2) or 16 (AVX-512); Torch-Pruning's round_to keeps the pruned models on it.
+# 8, not 16: rounded down to 16, a layer that would keep fewer channels stays whole, and ResNet-18
+# at 0.8 comes out larger than at 0.5 (pruning_alignment.py measures all three roundings).
+ROUND_TO = 8
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
 ADAPTIVENET_STEPS = 4 * STEPS
 DEVICE = "ort-cpu:threads=1"
@@ -166,9 +172,9 @@ def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
         state.put({"arch": arch, "accuracy": accuracy, "macs": c.macs, "params": c.params,
                    "predicted_accuracy": chosen.accuracy}, model, "autotailor", chosen.budget)
         print(f"{model} AutoTailor {chosen.budget}: {100 * accuracy:.2f} % at {c.macs / 1e6:.1f} M MACs", flush=True)
-    # NestDNN*'s architecture (every width at the kept fraction, all layers, full resolution) as a
-    # SubNet of the tuned SuperNet, where every width variable has that fraction: how much of a gap
-    # at a ratio is the shared weights rather than the search's choice
+    # NestDNN*'s uniform pruning (every width at the kept fraction, unrounded, all layers, full
+    # resolution) as a SubNet of the tuned SuperNet, where every width variable has that fraction:
+    # how much of a gap at a ratio is the shared weights rather than the search's choice
     widths = [v for v in sn.space.variables if v.kind == "width"]
     for ratio in RATIOS:
         keep = round(1 - ratio, 6)
@@ -191,22 +197,35 @@ def forget_autotailor(state: State, model: str) -> None:
         points = state.get(model, method) or {}
         if method == "adaptivenet" or any(p.get("cycles", 1) != cycles(model) for p in points.values()):
             state.put({}, model, method)
-            continue
-        for key, point in points.items():
-            state.put({k: v for k, v in point.items() if k not in ("latency_ms", "raw_latency_ms")}, model, method, key)
+        else:
+            _untime(state, model, method)
     state.put(SCHEDULE[model], model, "autotailor_schedule")
 
 
-def pruned(model: str, ratio: float) -> torch.nn.Module:
+def forget_nestdnn(state: State, model: str) -> None:
+    """Drop ``model``'s NestDNN* points pruned to other channel counts (their models are trained
+    again) and every other point's latency: all are timed again in one pass beside the new ones."""
+    state.put({}, model, "nestdnn")
+    for method in METHODS:
+        _untime(state, model, method)
+
+
+def _untime(state: State, model: str, method: str) -> None:
+    for key, point in (state.get(model, method) or {}).items():
+        state.put({k: v for k, v in point.items() if k not in ("latency_ms", "raw_latency_ms")}, model, method, key)
+
+
+def pruned(model: str, ratio: float, round_to: int | None = ROUND_TO) -> torch.nn.Module:
     """NestDNN*: the trained ``model`` with ``ratio`` of each layer's channels removed by their
-    L1 norm (Torch-Pruning's magnitude importance, the same ratio everywhere), the classifier
-    kept. Deterministic, so a resumed run prunes the same channels."""
+    L1 norm (Torch-Pruning's magnitude importance, the same ratio everywhere), the kept channels
+    rounded down to a multiple of ``round_to`` (a layer that would keep none stays whole), the
+    classifier kept. Deterministic, so a resumed run prunes the same channels."""
     import torch_pruning as tp
 
     net = cifar_models.trained(model)
     classifier = net.fc if model == "resnet18" else net.classifier[-1]
     pruner = tp.pruner.MetaPruner(net, torch.randn(1, 3, 32, 32), importance=tp.importance.MagnitudeImportance(p=1),
-                                  pruning_ratio=ratio, ignored_layers=[classifier])
+                                  pruning_ratio=ratio, ignored_layers=[classifier], round_to=round_to)
     pruner.step()
     return net
 
@@ -227,13 +246,14 @@ def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) 
     rounds = cycles(model)
     for ratio in RATIOS:
         key = f"{ratio:g}"
-        if (state.get(model, "nestdnn", key) or {}).get("cycles", 1) == rounds:
+        done = state.get(model, "nestdnn", key) or {}
+        if done.get("cycles", 1) == rounds and done.get("round_to") == ROUND_TO:
             continue
         macs, params = tp.utils.count_ops_and_params(pruned(model, ratio), torch.randn(1, 3, 32, 32))
         started, cpu = time.perf_counter(), time.process_time()
         net = nestdnn_model(model, ratio, rounds, loader, steps, work)
         accuracy = train_base.evaluate(net.eval(), test)
-        state.put({"ratio": ratio, "accuracy": accuracy, "macs": int(macs), "params": int(params),
+        state.put({"ratio": ratio, "round_to": ROUND_TO, "accuracy": accuracy, "macs": int(macs), "params": int(params),
                    "steps": rounds * steps, "cycles": rounds, "train_cpu_seconds": time.process_time() - cpu,
                    "train_seconds": time.perf_counter() - started}, model, "nestdnn", key)
         print(f"{model} NestDNN* {key}: {100 * accuracy:.2f} % at {macs / 1e6:.1f} M MACs", flush=True)
@@ -252,16 +272,16 @@ def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int 
         raise SystemExit(f"{kept} is missing: run benchmarks/baselines.py --models {model} --train-only")
     if cycle > 1:
         net = nestdnn_model(model, ratio, cycle - 1, loader, steps, work)
-    key = f"{ratio:g}" + ("" if cycle == 1 else f"_cycle{cycle}")
-    train_base.train(net, loader, steps, work / model / f"nestdnn_{key}.ckpt", 200, f"{model} NestDNN* {key}",
-                     lr=LR, warmup=WARMUP)
+    train_base.train(net, loader, steps, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
+                     f"{model} NestDNN* {ratio:g}, cycle {cycle}", lr=LR, warmup=WARMUP)
     torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
     return net
 
 
 def nestdnn_artifact(model: str, ratio: float, cycle: int = 1) -> Path:
     """Where a NestDNN* model's fine-tuned weights are kept (fp16 state dict of ``pruned``)."""
-    return HERE / "artifacts" / f"{model}_cifar10_nestdnn{ratio:g}{'' if cycle == 1 else f'_cycle{cycle}'}.fp16.pt"
+    return (HERE / "artifacts" /
+            f"{model}_cifar10_nestdnn{ratio:g}_round{ROUND_TO}{'' if cycle == 1 else f'_cycle{cycle}'}.fp16.pt")
 
 
 def _adaptivenet_files(model: str, work: Path, cycle: int) -> tuple[Path, str]:
@@ -568,8 +588,9 @@ def report(state: State) -> None:
                                         else "none as accurate") + " |")
             lines.append("")
             if method == "nestdnn" and state.get(model, "nestdnn_arch"):
-                lines += ["NestDNN*'s architecture as a SubNet of AutoTailor's SuperNet (shared weights; ratios whose "
-                          "kept fraction every width variable has): " + ", ".join(
+                lines += ["NestDNN*'s uniform pruning (every width at the kept fraction, unrounded) as a SubNet of "
+                          "AutoTailor's SuperNet (shared weights; ratios whose kept fraction every width variable "
+                          "has): " + ", ".join(
                               f"{k}: {100 * v['accuracy']:.2f} % at {v['macs'] / 1e6:.1f} M MACs"
                               for k, v in state.get(model, "nestdnn_arch").items()) + ".", ""]
         lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs |",
@@ -648,6 +669,8 @@ def main() -> None:
         # results from before the schedule was recorded were made with sandwich4-4ep
         if state.get(model) and (state.get(model, "autotailor_schedule") or "sandwich4-4ep") != SCHEDULE[model]:
             forget_autotailor(state, model)
+        if any(p.get("round_to") != ROUND_TO for p in (state.get(model, "nestdnn") or {}).values()):
+            forget_nestdnn(state, model)
     if args.snapshot:
         for model in args.models.split(","):
             for cycle in range(1, cycles(model) + 1):
