@@ -472,8 +472,6 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
 # records them (1 thread of an AMD EPYC vCPU, beside other work; every third cycle on an Intel Xeon
 # vCPU); the runs here load those weights.
 TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60 + 38 + 75", ("mobilenet_v2", "autotailor"): "about 60 + 39 + 85",
-                 ("resnet18", "nestdnn"): "about 75 (5 x ~15) + 36 (5 x 2-15) + 75 (5 x 4-29)",
-                 ("mobilenet_v2", "nestdnn"): "20-60 (5 x 4-12) + 38 (5 x 3-12) + 161 (5 x 7-94)",
                  ("resnet18", "adaptivenet"): "116 + 52 + 117", ("mobilenet_v2", "adaptivenet"): "about 80 + 42 + 125"}
 
 
