@@ -67,6 +67,7 @@ def test_model_specs() -> None:
     ("[var.block_vars]\nBasicBlock.depth = [1]", "unknown block variable var.block_vars.BasicBlock.depth; allowed: expand_ratio, kernel_size"),
     ("[var.block_vars]\nBasicBlock.expand_ratio = [1.5]", r"expected a list of ratios in \(0, 1\]"),
     ("[arch]\nblocks = ['Nope']", "arch.blocks = \\['Nope'\\] is not allowed; expected a list of template names"),
+    ("[arch]\nchannel_multiple = 0", "arch.channel_multiple = 0 is not allowed; expected a positive integer"),
     ("[other]\nx = 1", "unknown key 'other'"),
 ])
 def test_config_errors_name_key_value_and_allowed(text: str, message: str) -> None:

@@ -32,6 +32,24 @@ def sn():
     return at.compile(torchvision.models.mobilenet_v3_small(num_classes=10), torch.zeros(1, 3, 32, 32))
 
 
+def test_channel_multiple_rounds_the_width_choices_not_the_channel_order():
+    torch.manual_seed(0)
+    model, x = torchvision.models.mobilenet_v3_small(num_classes=10), torch.randn(2, 3, 32, 32)
+    config = at.load_config("[arch]\nchannel_multiple = 8\n")
+    assert at.load_config(config.to_dict()) == config
+    plain, aligned = at.compile(model, x[:1]), at.compile(model, x[:1], config=config)
+    before = [v.values for v in plain.space.variables if v.kind == "width"]
+    after = [v.values for v in aligned.space.variables if v.kind == "width"]
+    assert sum(any(c % 8 for c in values[:-1]) for values in before) == 17  # of 27: 18, 36, 54 of 72, ...
+    # 2, 4, 6 of 8 channels round to none but the model's own 8: that group's variable goes
+    assert len(after) == 26 and all(c % 8 == 0 for values in after for c in values[:-1]), after
+    assert sorted(values[-1] for values in after) == sorted(values[-1] for values in before if values[-1] > 8)
+    # channels are ordered as without the multiple: the same weights, the same largest SubNet
+    plain_sd = plain.state_dict()
+    assert all(torch.equal(t, plain_sd[k]) for k, t in aligned.state_dict().items())
+    torch.testing.assert_close(aligned.extract(aligned.space.max()).eval()(x), plain.extract(plain.space.max()).eval()(x))
+
+
 def test_operators_read_their_variables_and_get_the_kinds_values(sn):
     arch = sn.space.sample(3)
     sn.set_arch(arch)

@@ -4,6 +4,7 @@
 title = "Example"
 [arch]
 blocks = ["BottleneckBlock"]          # templates to match (default: all)
+channel_multiple = 8                  # every width choice a multiple of 8 channels (default: 1)
 [var.global_vars]
 resolution = [160, 192, 224]          # input sizes (default: 5/7, 6/7 and 7/7 of the example's)
 width_ratio = [0.75, 1.0]             # channels not owned by one stage or block (stems, heads)
@@ -41,6 +42,9 @@ class TailorConfig:
 
     title: str = ""
     blocks: tuple[str, ...] | None = None
+    # Channel counts of every width choice are multiples of this (a model's own counts stay
+    # choices): runtimes' fast convolution kernels work on blocks of 8 or 16 channels.
+    channel_multiple: int = 1
     global_vars: dict[str, tuple] = field(default_factory=dict)
     stage_vars: dict[str, tuple] = field(default_factory=dict)
     block_vars: dict[str, dict[str, tuple]] = field(default_factory=dict)  # template -> key -> choices
@@ -62,9 +66,11 @@ class TailorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as the TOML file's tables (``load_config`` reads it back)."""
+        arch = {**({"blocks": list(self.blocks)} if self.blocks is not None else {}),
+                **({"channel_multiple": self.channel_multiple} if self.channel_multiple != 1 else {})}
         return {
             "title": self.title,
-            **({"arch": {"blocks": list(self.blocks)}} if self.blocks is not None else {}),
+            **({"arch": arch} if arch else {}),
             "var": {"global_vars": {k: list(v) for k, v in self.global_vars.items()},
                     "stage_vars": {k: list(v) for k, v in self.stage_vars.items()},
                     "block_vars": {t: {k: list(v) for k, v in vs.items()} for t, vs in self.block_vars.items()}},
@@ -113,7 +119,7 @@ def _from_dict(data: dict, where: str) -> TailorConfig:
     var = data.get("var", {})
     if not isinstance(arch, dict) or not isinstance(var, dict):
         raise ConfigError(f"{where}: [arch] and [var] must be tables")
-    _check_keys(where, arch, ("blocks",), "arch.")
+    _check_keys(where, arch, ("blocks", "channel_multiple"), "arch.")
     _check_keys(where, var, SCOPES, "var.")
     names = template_names()
     blocks = None
@@ -122,6 +128,9 @@ def _from_dict(data: dict, where: str) -> TailorConfig:
         if not isinstance(blocks, list) or any(b not in names for b in blocks):
             raise _allowed(where, "arch.blocks", blocks, f"a list of template names from {names}")
         blocks = tuple(blocks)
+    multiple = arch.get("channel_multiple", 1)
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise _allowed(where, "arch.channel_multiple", multiple, "a positive integer (8 or 16 for CPU runtimes)")
     scoped: dict[str, dict] = {}
     for scope in ("global_vars", "stage_vars"):
         table = var.get(scope, {})
@@ -146,5 +155,5 @@ def _from_dict(data: dict, where: str) -> TailorConfig:
     title = data.get("title", "")
     if not isinstance(title, str):
         raise _allowed(where, "title", title, "a string")
-    return TailorConfig(title=title, blocks=blocks, global_vars=scoped["global_vars"], stage_vars=scoped["stage_vars"],
-                        block_vars=block_vars, steps=steps)
+    return TailorConfig(title=title, blocks=blocks, channel_multiple=multiple, global_vars=scoped["global_vars"],
+                        stage_vars=scoped["stage_vars"], block_vars=block_vars, steps=steps)

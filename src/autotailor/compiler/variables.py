@@ -18,6 +18,7 @@ subclass decorated with ``@register_kind``, placed after the kinds whose variabl
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -369,11 +370,15 @@ def bind_width(ctx: PlanContext, group, kind: str, name: str, ratios: tuple[floa
     more), the group queued for importance reordering and every member bound to it."""
     from autotailor.ir import for_module
 
-    choices, chans = width_choices(tuple(ratios), group.size, group.granularity)
+    if len(width_choices(tuple(ratios), group.size, group.granularity)[0]) < 2:
+        return
+    # ordered, one channel at a time, whatever the configured multiple: it sets the counts only,
+    # so one SuperNet's tuned weights fit its space with and without a multiple
+    ctx.reorder.append(group)
+    choices, chans = width_choices(tuple(ratios), group.size, math.lcm(group.granularity, ctx.config.channel_multiple))
     if len(choices) < 2:
         return
     name = ctx.name_for(name)
-    ctx.reorder.append(group)
     ctx.variables.append(Variable(name, kind, choices, (f"g{len(ctx.reorder) - 1}",), block=block, values=chans))
     for m in group.members:
         node = ctx.nodes[m.node]
