@@ -9,7 +9,8 @@ Reproduce (from the repository root, after `make install`; hours on 2 cores, res
 For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``train_base.py``):
 
 - **AutoTailor**: the SuperNet tuned with the model's ``SCHEDULE`` (its weights kept in
-  ``benchmarks/artifacts/``), profiled for ONNX Runtime with 1 thread, its sensitivities
+  ``benchmarks/artifacts/``) in the default space (``--channel-multiple N``: with every width
+  choice a multiple of N channels), profiled for ONNX Runtime with 1 thread, its sensitivities
   measured, and ``BUDGETS`` latency budgets searched with ``--verify 2 --finalists 4``,
   all through the command line a user has (the paper searches 40-50).
 - **NestDNN***: as the paper approximates NestDNN (its code is not public), the trained base
@@ -105,27 +106,37 @@ def _cli(*argv: str) -> None:
     subprocess.run([str(Path(sys.executable).parent / "autotailor"), *argv], check=True, env=env)
 
 
-def autotailor_work(model: str, data: str, work: Path) -> Path:
-    """The work directory of ``model``'s tuned SuperNet, profiled, sensitivities measured and
-    searched (each step skipped when its output is there)."""
+def tailored(model: str, multiple: int) -> str:
+    """What makes ``model``'s AutoTailor front: its SuperNet's tuning schedule, and the channel
+    multiple of its space (``[arch] channel_multiple``) unless 1."""
+    return SCHEDULE[model] + ("" if multiple == 1 else f", channel_multiple {multiple}")
+
+
+def autotailor_work(model: str, data: str, work: Path, multiple: int = 1) -> Path:
+    """The work directory of ``model``'s tuned SuperNet in the space of channel ``multiple``,
+    profiled, sensitivities measured and searched (each step skipped when its output is there).
+    The multiple changes the space's channel counts, not the channels' order, so the kept tuned
+    weights fit it."""
     import autotailor as at
 
     from autotailor.pipeline.results import SearchRecord
 
-    folder = work / model / "autotailor"
-    schedule = SCHEDULE[model]
+    folder, made_by = work / model / "autotailor", tailored(model, multiple)
     made = (folder / "schedule").read_text().strip() if (folder / "schedule").is_file() else None
-    if folder.is_dir() and made != schedule:
-        shutil.rmtree(folder)  # tuned with another schedule: compiled, profiled and searched again
+    if folder.is_dir() and made != made_by:
+        shutil.rmtree(folder)  # another schedule or space: compiled, profiled and searched again
     if not (folder / "supernet.pt").is_file():
-        kept = tuning_schedules.tuned_artifact(model, schedule)
+        kept = tuning_schedules.tuned_artifact(model, SCHEDULE[model])
         if not kept.is_file():
-            raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --schedules {schedule} first")
-        _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--out", str(folder))
+            raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --schedules {SCHEDULE[model]}")
+        space = work / model / "space.toml"
+        space.write_text(f"[arch]\nchannel_multiple = {multiple}\n")
+        _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--config", str(space),
+             "--out", str(folder))
         sn = at.load(folder)
         sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in torch.load(kept, map_location="cpu").items()})
         sn.save(folder / "supernet.pt")
-        (folder / "schedule").write_text(schedule + "\n")
+        (folder / "schedule").write_text(made_by + "\n")
     if not (folder / "latency.sqlite").is_file():
         _cli("profile", str(folder), "--device", DEVICE)
     if not (folder / "sensitivity.json").is_file():
@@ -147,14 +158,14 @@ def _test_batches(data: str) -> tuple[list, list]:
     return list(BatchLoader(test, 500, train=False, resolution=32)), calibration
 
 
-def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
+def autotailor_points(state: State, model: str, data: str, work: Path, multiple: int) -> None:
     """The test accuracy, MACs and parameters of every SubNet the search chose."""
     import autotailor as at
     from autotailor.pipeline.results import SearchRecord
     from autotailor.predict.latency import CostModel, KernelPlan
     from autotailor.tune import evaluate
 
-    folder = autotailor_work(model, data, work)
+    folder = autotailor_work(model, data, work, multiple)
     sn = at.load(folder)
     costs = CostModel(KernelPlan(sn, "none"))
     batches, calibration = _test_batches(data)
@@ -185,7 +196,7 @@ def autotailor_points(state: State, model: str, data: str, work: Path) -> None:
         state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs}, model, "nestdnn_arch", f"{ratio:g}")
 
 
-def forget_autotailor(state: State, model: str) -> None:
+def forget_autotailor(state: State, model: str, multiple: int) -> None:
     """Drop ``model``'s AutoTailor points (tuned with another schedule) and every latency of its
     baselines: its SubNets are searched again on a new profile, and all are timed again beside
     the new profile's reference kernel. Baseline points trained for another number of cycles go
@@ -199,7 +210,7 @@ def forget_autotailor(state: State, model: str) -> None:
             state.put({}, model, method)
         else:
             _untime(state, model, method)
-    state.put(SCHEDULE[model], model, "autotailor_schedule")
+    state.put(tailored(model, multiple), model, "autotailor_schedule")
 
 
 def forget_nestdnn(state: State, model: str) -> None:
@@ -562,7 +573,7 @@ def report(state: State) -> None:
         auto = [p for p in (state.get(model, "autotailor") or {}).values() if "latency_ms" in p]
         if not auto:
             continue
-        lines += [f"## {model}", "", f"AutoTailor's SuperNet tuned with `{SCHEDULE[model]}` ({cycles(model)} cycle(s) of "
+        lines += [f"## {model}", "", f"AutoTailor's SuperNet tuned with `{state.get(model, 'autotailor_schedule')}` ({cycles(model)} cycle(s) of "
                   f"{STEPS:,} steps); each baseline trained for as many cycles of its own. Profiled and timed on "
                   f"{state.get(model, 'timed_on') or 'the machine above'}. {_timing_noise(state, model)} "
                   f"{_test_noise(auto)}", ""]
@@ -654,6 +665,8 @@ def main() -> None:
     p.add_argument("--no-timing", action="store_true",
                    help="search, evaluate and profile but time no point: the latencies are left for a later run "
                         "on an idle machine, which times them all in one pass")
+    p.add_argument("--channel-multiple", type=int, default=1,
+                   help="AutoTailor's space: every width choice a multiple of this many channels ([arch] channel_multiple)")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -665,8 +678,9 @@ def main() -> None:
     state = State(path)
     for model in MODELS:
         # results from before the schedule was recorded were made with sandwich4-4ep
-        if state.get(model) and (state.get(model, "autotailor_schedule") or "sandwich4-4ep") != SCHEDULE[model]:
-            forget_autotailor(state, model)
+        made_by = tailored(model, args.channel_multiple)
+        if state.get(model) and (state.get(model, "autotailor_schedule") or "sandwich4-4ep") != made_by:
+            forget_autotailor(state, model, args.channel_multiple)
         if any(p.get("round_to") != ROUND_TO for p in (state.get(model, "nestdnn") or {}).values()):
             forget_nestdnn(state, model)
     if args.snapshot:
@@ -688,7 +702,7 @@ def main() -> None:
         for model in args.models.split(","):
             (work / model).mkdir(exist_ok=True)
             methods = args.methods.split(",")
-            autotailor_points(state, model, args.data, work)
+            autotailor_points(state, model, args.data, work, args.channel_multiple)
             if "nestdnn" in methods:
                 nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
             if "adaptivenet" in methods:
