@@ -175,7 +175,11 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
         atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum,
                            **({"adam": adam} if adam else {})}, ckpt_path)
 
-    model.train()
+    # oneDNN trains depthwise convolutions 1.7x faster on channels-last tensors (MobileNetV2, one
+    # thread); ResNet-18's plain ones gain nothing
+    depthwise = any(isinstance(m, torch.nn.Conv2d) and m.groups > 1 for m in model.modules())
+    layout = torch.channels_last if depthwise else torch.contiguous_format
+    model.to(memory_format=layout).train()
     t0, losses = time.perf_counter(), []
     for step in range(start, steps):
         for g in opt.param_groups:
@@ -183,7 +187,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
         epoch, i = divmod(step, len(loader))
         x, y = loader.batch(epoch, i)
         torch.manual_seed(step)  # dropout: a function of the step, as the batches are
-        loss = F.cross_entropy(model(x), y, label_smoothing=SMOOTHING)
+        loss = F.cross_entropy(model(x.contiguous(memory_format=layout)), y, label_smoothing=SMOOTHING)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -193,7 +197,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
             rate = len(losses) * BATCH / (time.perf_counter() - t0)
             log.info("%s step %d/%d loss %.3f (%.0f img/s)", label, step + 1, steps,
                      sum(losses[-50:]) / len(losses[-50:]), rate)
-    model.eval()
+    model.to(memory_format=torch.contiguous_format).eval()
 
 
 def commit_of_head() -> str:
