@@ -169,6 +169,10 @@ class Tuner:
             for t in (*sn.parameters(), *sn.buffers()):
                 dist.broadcast(t.data, 0)
         self._teacher = self._frozen_copy(sn) if config.teacher == "original" and config.distill else None
+        # oneDNN trains depthwise convolutions faster on channels-last tensors (a MobileNetV2
+        # SuperNet's steps 1.2-1.7x on one thread); plain convolutions gain nothing
+        depthwise = any(isinstance(m, nn.Conv2d) and m.groups > 1 for m in sn.modules())
+        self._layout = torch.channels_last if depthwise else torch.contiguous_format
 
     @staticmethod
     def _frozen_copy(sn: SuperNet) -> SuperNet:
@@ -199,6 +203,7 @@ class Tuner:
         x, y = self.loader.batch(epoch, i)
         if self.distributed:  # this process's share of the global batch
             x, y = x.chunk(self.world)[self.rank], y.chunk(self.world)[self.rank]
+        x = x.contiguous(memory_format=self._layout)
         self.sn.train()
         self.optimizer.zero_grad(set_to_none=True)
         archs = self.sample(step)
@@ -304,10 +309,14 @@ class Tuner:
 
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> None:
         """Train until ``config.steps``, checkpointing every ``checkpoint_every`` steps and at the end."""
-        while self.step < self.config.steps:
-            result = self.train_step(self.step)
-            self.step += 1
-            if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
-                self.save()
-            if on_step is not None:
-                on_step(result)
+        self.sn.to(memory_format=self._layout)
+        try:
+            while self.step < self.config.steps:
+                result = self.train_step(self.step)
+                self.step += 1
+                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                    self.save()
+                if on_step is not None:
+                    on_step(result)
+        finally:  # the caller's SuperNet in its own layout again
+            self.sn.to(memory_format=torch.contiguous_format)
