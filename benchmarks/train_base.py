@@ -149,6 +149,8 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
     ``warmup`` the recipe's unless given), resuming from ``ckpt_path`` (else from ``fallback``,
     a checkpoint dict) and writing it every ``checkpoint_every`` steps (fp32 weights, the
     optimizer's moments, step)."""
+    from autotailor.tune import training_layout
+
     lr = recipe.lr if lr is None else lr
     warmup = recipe.warmup if warmup is None else warmup
     opt = _optimizer(model, recipe, lr)
@@ -175,10 +177,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
         atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum,
                            **({"adam": adam} if adam else {})}, ckpt_path)
 
-    # oneDNN trains depthwise convolutions 1.7x faster on channels-last tensors (MobileNetV2, one
-    # thread); ResNet-18's plain ones gain nothing
-    depthwise = any(isinstance(m, torch.nn.Conv2d) and m.groups > 1 for m in model.modules())
-    layout = torch.channels_last if depthwise else torch.contiguous_format
+    layout = training_layout(model)
     model.to(memory_format=layout).train()
     t0, losses = time.perf_counter(), []
     for step in range(start, steps):
