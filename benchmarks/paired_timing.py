@@ -3,7 +3,8 @@
 Used by ``latency_repeatability.py`` as the independent check of the latency predictor (the
 issue's design): each model is timed in short windows alternated with the largest SubNet and
 the reference kernel, so that the machine's drift, which moves all three alike over seconds,
-cancels in their ratios. Only numpy and onnxruntime are imported.
+cancels in their ratios. ``pruning_alignment.py`` uses it too, the unpruned model as both
+references. Only numpy and onnxruntime are imported.
 
     python benchmarks/paired_timing.py SPEC.json OUT.json
 
