@@ -172,7 +172,11 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
     record = SearchRecord.read(folder)
     budgets = [c.limits for c in record.choices]
     if state.get(model, "autotailor_budgets") != budgets:
-        state.put({}, model, "autotailor")  # points of an earlier search, if any
+        # a new search, on a new profile (perhaps of another machine): the earlier search's points
+        # go, and AdaptiveNet-style's, searched at its budgets on a latency table measured again
+        state.put({}, model, "autotailor")
+        state.put({}, model, "adaptivenet")
+        state.put(None, model, "adaptivenet_table")
         state.put(budgets, model, "autotailor_budgets")
     for chosen in record.met:
         if state.get(model, "autotailor", chosen.budget) is not None:
@@ -199,17 +203,16 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
 def forget_autotailor(state: State, model: str, multiple: int) -> None:
     """Drop ``model``'s AutoTailor points (tuned with another schedule) and every latency of its
     baselines: its SubNets are searched again on a new profile, and all are timed again beside
-    the new profile's reference kernel. Baseline points trained for another number of cycles go
-    too (AdaptiveNet-style's all: its searches run at AutoTailor's new budgets)."""
+    the new profile's reference kernel. NestDNN* points trained for another number of cycles go
+    too (AdaptiveNet-style's all go with the search's budgets, ``autotailor_points``)."""
     state.put({}, model, "autotailor")
     state.put({}, model, "nestdnn_arch")
     state.put(None, model, "autotailor_budgets")
-    for method in METHODS[1:]:
-        points = state.get(model, method) or {}
-        if method == "adaptivenet" or any(p.get("cycles", 1) != cycles(model) for p in points.values()):
-            state.put({}, model, method)
-        else:
-            _untime(state, model, method)
+    points = state.get(model, "nestdnn") or {}
+    if any(p.get("cycles", 1) != cycles(model) for p in points.values()):
+        state.put({}, model, "nestdnn")
+    else:
+        _untime(state, model, "nestdnn")
     state.put(tailored(model, multiple), model, "autotailor_schedule")
 
 
@@ -480,10 +483,12 @@ def compare(auto: list[dict], base: list[dict]) -> list[dict]:
 
 
 # CPU-minutes of the training that made each method's kept weights, as benchmarks/artifacts/README.md
-# records them (1 thread of an AMD EPYC vCPU, beside other work; every third cycle on an Intel Xeon
-# vCPU); the runs here load those weights.
+# records them (1 thread of an AMD EPYC or Intel Xeon vCPU, beside other work; NestDNN*'s a sum
+# over its five ratios, each cycle); the runs here load those weights.
 TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60 + 38 + 75", ("mobilenet_v2", "autotailor"): "about 60 + 39 + 85",
-                 ("resnet18", "adaptivenet"): "116 + 52 + 117", ("mobilenet_v2", "adaptivenet"): "about 80 + 42 + 125"}
+                 ("resnet18", "adaptivenet"): "116 + 52 + 117", ("mobilenet_v2", "adaptivenet"): "about 80 + 42 + 125",
+                 ("resnet18", "nestdnn"): "82 (5 x 4-32) + 54 (5 x 4-24) + 83 (5 x 4-45)",
+                 ("mobilenet_v2", "nestdnn"): "69 (5 x 4-31) + 57 (5 x 4-21) + 52 (5 x 4-26)"}
 
 
 def costs(state: State, model: str, work: Path) -> list[dict]:
