@@ -555,7 +555,7 @@ def _test_noise(points: list[dict]) -> str:
             "same images: the ± after a gain is its standard error counted on the images where the two disagree.")
 
 
-def _gain(row: dict) -> str:
+def gain_cell(row: dict) -> str:
     """A comparison's accuracy gain with its standard error, as the report's cell."""
     if row["accuracy_gain_pts"] is None:
         return "none as fast"
@@ -597,7 +597,7 @@ def report(state: State) -> None:
             for r in rows:
                 b = r["baseline"]
                 lines.append(f"| {name(b)} | {b['latency_ms']:.3f} ms | {100 * b['accuracy']:.2f} % | "
-                             + _gain(r)
+                             + gain_cell(r)
                              + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
                                         else "none as accurate") + " |")
             lines.append("")

@@ -1,0 +1,126 @@
+"""``baselines.md``'s NestDNN* comparison with every latency timed again in alternated rounds.
+
+``baselines.py`` times each point once (two passes in opposite orders, beside the reference
+kernel). On a noisy VM that is not enough where two fronts lie close: the same pruned models,
+timed an hour apart, read up to 39 % apart while the reference kernel moved under 10 %. Here
+every AutoTailor SubNet and NestDNN* model of ``baselines.py``'s state is exported to ONNX and
+timed by ``paired_timing.py`` (a process without torch) in rounds of 30-call windows, each
+beside the largest SubNet, whose memory traffic drifts with theirs: a point's latency is the
+median of its ratio to the largest over the rounds (their median absolute deviation beside it),
+times the largest's median. The comparison (``baselines.compare``: accuracy at equal latency,
+latency at equal accuracy) is then made again on those latencies, with the same accuracies and
+standard errors.
+
+    .venv/bin/python benchmarks/baselines_paired.py --work benchmarks/work/baselines_c3 [--rounds 15]
+
+Needs ``baselines.py``'s state and AutoTailor work folders in ``--work`` (a run of it first).
+Minutes on 2 cores. Results: ``benchmarks/results/baselines_paired.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import baselines  # noqa: E402
+from common import State, head_commit, machine, write_results  # noqa: E402
+
+
+def _export(net: torch.nn.Module, shape: tuple[int, ...], path: Path) -> str:
+    torch.onnx.export(net.eval(), torch.randn(*shape), str(path), dynamo=False)
+    return str(path)
+
+
+def measure(state: State, model: str, work: Path, rounds: int, tmp: Path) -> dict:
+    """``model``'s AutoTailor and NestDNN* points with ``latency_ms`` from alternated rounds
+    (``ratio_mad``: the rounds' spread), and the largest SubNet's median window."""
+    import autotailor as at
+
+    sn = at.load(work / model / "autotailor")
+    files: dict[str, str] = {}
+    points: dict[str, list[dict]] = {"autotailor": [], "nestdnn": []}
+    for key, p in (state.get(model, "autotailor") or {}).items():
+        arch = p["arch"]
+        name = f"autotailor/{json.dumps(arch, sort_keys=True)}"  # budgets that chose one SubNet share it
+        if name not in files:
+            files[name] = _export(sn.extract(arch), tuple(sn.input_shape(arch)), tmp / f"{model}_a{len(files)}.onnx")
+        points["autotailor"].append({**p, "key": key, "name": name})
+    for key, p in (state.get(model, "nestdnn") or {}).items():
+        name = f"nestdnn/{key}"
+        files[name] = _export(baselines.nestdnn_model(model, p["ratio"], baselines.cycles(model)), (1, 3, 32, 32),
+                              tmp / f"{model}_n{key}.onnx")
+        points["nestdnn"].append({**p, "key": key, "name": name})
+    arch = sn.space.max()
+    largest = _export(sn.extract(arch), tuple(sn.input_shape(arch)), tmp / f"{model}_largest.onnx")
+    spec, out = tmp / f"{model}_spec.json", tmp / f"{model}_timed.json"
+    spec.write_text(json.dumps({"threads": 1, "rounds": rounds, "calls": 30, "warmup": 3, "reference": largest,
+                                "largest": largest, "models": files}))
+    subprocess.run([sys.executable, str(HERE / "paired_timing.py"), str(spec), str(out)], check=True)
+    timed = json.loads(out.read_text())
+    largest_ms = statistics.median(t["largest_ms"] for t in timed.values())
+    for p in points["autotailor"] + points["nestdnn"]:
+        t = timed[p["name"]]
+        p.update(latency_ms=t["ratio"] * largest_ms, latency_ratio=t["ratio"], ratio_mad=t["ratio_mad"])
+    return {"largest_ms": largest_ms, **points}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default=str(HERE / "work" / "baselines"), help="baselines.py's work directory")
+    p.add_argument("--models", default=",".join(baselines.MODELS))
+    p.add_argument("--rounds", type=int, default=15, help="30-call windows of each model, each beside the largest SubNet")
+    args = p.parse_args()
+    work = Path(args.work)
+    if not (work / "state.json").is_file():
+        raise SystemExit(f"{work / 'state.json'} is missing: run benchmarks/baselines.py --work {work} first")
+    state = State(work / "state.json")
+    command = "python benchmarks/baselines_paired.py " + " ".join(sys.argv[1:])
+    m = machine("torch", "onnxruntime", "torch_pruning")
+    lines = ["# AutoTailor against NestDNN*, every latency timed in alternated rounds (CIFAR-10, ONNX Runtime 1 thread)",
+             "", f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}; commit {head_commit()}. "
+             f"Command: `{command}`. Each point's latency: the median over {args.rounds} rounds of its 30-call window's "
+             "ratio to the largest SubNet's beside it, times the largest's median window; in brackets the rounds' "
+             "median absolute deviation of that ratio. Accuracies and their standard errors as in `baselines.md`.", ""]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models.split(","):
+            if not state.get(model, "nestdnn") or not state.get(model, "autotailor"):
+                continue
+            got = results[model] = measure(state, model, work, args.rounds, Path(tmp))
+            rows = baselines.compare(got["autotailor"], got["nestdnn"])
+            got["rows"] = [{k: v for k, v in r.items() if k != "baseline"} | {"ratio": r["baseline"]["ratio"]}
+                           for r in rows]
+            lines += [f"## {model}", "", f"Largest SubNet: {got['largest_ms']:.3f} ms.", "",
+                      "| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
+                      "AutoTailor latency at equal accuracy |", "|---|---|---|---|---|"]
+            for r in rows:
+                b = r["baseline"]
+                change = r["latency_change_pct"]
+                lines.append(f"| {b['ratio']:g} | {b['latency_ms']:.3f} ms (±{100 * b['ratio_mad']:.0f} %) | "
+                             f"{100 * b['accuracy']:.2f} % | {baselines.gain_cell(r)} | "
+                             + (f"{change:+.1f} %" if change is not None else "none as accurate") + " |")
+            lines += ["", "| AutoTailor budget | latency | accuracy (test) | MACs |", "|---|---|---|---|"]
+            lines += [f"| {a['key']} | {a['latency_ms']:.3f} ms (±{100 * a['ratio_mad']:.0f} %) | "
+                      f"{100 * a['accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M |"
+                      for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
+            lines.append("")
+    for got in results.values():  # the JSON keeps what was timed, not the test images' error masks
+        for p in got["autotailor"] + got["nestdnn"]:
+            p.pop("wrong", None)
+    write_results(HERE / "results", "baselines_paired",
+                  {"machine": m, "commit": head_commit(), "command": command, "models": results},
+                  "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
