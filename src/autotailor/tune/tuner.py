@@ -140,8 +140,7 @@ class StepResult:
 
 def training_layout(model: nn.Module) -> torch.memory_format:
     """The memory layout ``model`` trains fastest in on a CPU: channels-last when it has depthwise
-    convolutions, which oneDNN runs faster that way (a MobileNetV2 SuperNet's steps 1.2-1.7x, its
-    pruned models' 1.8x, on one thread); plain convolutions gain nothing."""
+    convolutions, which oneDNN runs faster that way (docs/tune.md); plain convolutions gain nothing."""
     depthwise = any(isinstance(m, nn.Conv2d) and m.groups > 1 for m in model.modules())
     return torch.channels_last if depthwise else torch.contiguous_format
 
