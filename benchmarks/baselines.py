@@ -85,6 +85,9 @@ RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 # at 0.8 comes out larger than at 0.5 (pruning_alignment.py measures all three roundings).
 ROUND_TO = 8
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
+# AutoTailor's chosen SubNets each fine-tuned alone after the search (`autotailor export
+# --finetune-steps`): one epoch each at this peak learning rate
+ALONE_STEPS, ALONE_LR = tuning_schedules.STEPS_PER_EPOCH, 0.01
 ADAPTIVENET_STEPS = 4 * STEPS
 DEVICE = "ort-cpu:threads=1"
 BUDGETS = 22  # a geometric spread: every third budget is one of an 8-budget search's
@@ -175,6 +178,7 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
         # a new search, on a new profile (perhaps of another machine): the earlier search's points
         # go, and AdaptiveNet-style's, searched at its budgets on a latency table measured again
         state.put({}, model, "autotailor")
+        state.put({}, model, "alone")
         state.put({}, model, "adaptivenet")
         state.put(None, model, "adaptivenet_table")
         state.put(budgets, model, "autotailor_budgets")
@@ -200,12 +204,68 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
         state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs}, model, "nestdnn_arch", f"{ratio:g}")
 
 
+def alone_points(state: State, model: str, data: str, work: Path) -> None:
+    """Each SubNet the search chose fine-tuned alone for ``ALONE_STEPS`` batches, as ``autotailor
+    export --finetune-steps`` does it (``tune.specialize``; a SubNet chosen for several budgets is
+    trained once): its test accuracy, and its and the shared weights' accuracy on the validation
+    sample the export compares them on."""
+    import autotailor as at
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.data.loader import at_resolution
+    from autotailor.pipeline.steps import validation_data
+    from autotailor.pipeline.workdir import EvalSettings
+    from autotailor.tune import evaluate, specialize, specialize_config
+    from autotailor.tune.evaluate import accuracy
+
+    folder = work / model / "autotailor"
+    sn = at.load(folder)
+    config = specialize_config(ALONE_STEPS, ALONE_LR)
+    loader = BatchLoader(load_data(f"cifar10:{data}", seed=0)[0], tuning_schedules.BATCH, train=True, resolution=32,
+                         seed=config.seed)
+    batches, _ = _test_batches(data)
+    val = validation_data(sn, folder, None, EvalSettings())
+    # the smallest first: each is quicker to train, and an interrupted run resumes where it stopped
+    for key, point in sorted((state.get(model, "autotailor") or {}).items(), key=lambda kv: kv[1]["macs"]):
+        done = state.get(model, "alone", key) or {}
+        if done.get("arch") == point["arch"] and "validation" in done:
+            continue
+        started, cpu = time.perf_counter(), time.process_time()
+        net = specialize(sn, point["arch"], loader, config, folder / "specialized")
+        size = sn.input_shape(point["arch"])[-1]
+        if done.get("arch") != point["arch"]:
+            wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
+            done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
+                    "wrong": wrong, "steps": config.steps, "lr": config.lr,
+                    "train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started}
+        done["validation"] = {"alone": accuracy(net, val.val, size),
+                              "shared": evaluate(sn, sn.space.complete(point["arch"]), val.val, val.calibration)}
+        state.put(done, model, "alone", key)
+        print(f"{model} AutoTailor {key}, fine-tuned alone: {100 * done['accuracy']:.2f} % "
+              f"(shared weights {100 * point['accuracy']:.2f} %)", flush=True)
+
+
+def alone_front(state: State, model: str) -> list[dict]:
+    """What ``autotailor export --finetune-steps`` deploys for each budget: the SubNet fine-tuned
+    alone where it is more accurate on the validation sample, else the shared weights' one; each
+    at the latency its shared-weights twin was timed at (the same architecture: the weights'
+    values do not change what runs)."""
+    shared, front = state.get(model, "autotailor") or {}, []
+    for key, p in (state.get(model, "alone") or {}).items():
+        twin = shared.get(key)
+        if twin is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p:
+            continue
+        kept = p if p["validation"]["alone"] > p["validation"]["shared"] else twin
+        front.append({**kept, "key": key, "latency_ms": twin["latency_ms"], "fine_tuned": kept is p})
+    return front
+
+
 def forget_autotailor(state: State, model: str, multiple: int) -> None:
     """Drop ``model``'s AutoTailor points (tuned with another schedule) and every latency of its
     baselines: its SubNets are searched again on a new profile, and all are timed again beside
     the new profile's reference kernel. NestDNN* points trained for another number of cycles go
     too (AdaptiveNet-style's all go with the search's budgets, ``autotailor_points``)."""
     state.put({}, model, "autotailor")
+    state.put({}, model, "alone")
     state.put({}, model, "nestdnn_arch")
     state.put(None, model, "autotailor_budgets")
     points = state.get(model, "nestdnn") or {}
@@ -513,6 +573,14 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                                     f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
                      "search": f"{search['seconds']:.1f} s, {search['predictions']} predictions, "
                                f"{search['verify_rounds']} verify rounds"})
+    alone = {json.dumps(p["arch"], sort_keys=True): p for p in (state.get(model, "alone") or {}).values()}
+    if alone:
+        rows.append({"key": "alone", "method": "AutoTailor's chosen SubNets fine-tuned alone (on top of the above)",
+                     "image_steps": sum(p["steps"] for p in alone.values()) * tuning_schedules.BATCH,
+                     "profiling": "none", "evaluations": "none", "search": "none",
+                     "train_cpu_minutes": f"{sum(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f} "
+                                          f"({len(alone)} x {min(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f}"
+                                          f"-{max(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f})"})
     nest = state.get(model, "nestdnn") or {}
     if nest:
         rows.append({"key": "nestdnn", "method": "NestDNN*", "image_steps": sum(p["steps"] for p in nest.values()) * train_base.BATCH,
@@ -525,7 +593,7 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                      "evaluations": f"{max(p['evaluations'] for p in found)} paths on the validation images",
                      "search": f"{sum(p['search_cpu_seconds'] for p in found):.0f} CPU-s of Nearby search "
                                "(evaluations included)"})
-    return [{**r, "train_cpu_minutes": TRAIN_MINUTES.get((model, r["key"]), "not recorded")} for r in rows]
+    return [{"train_cpu_minutes": TRAIN_MINUTES.get((model, r["key"]), "not recorded"), **r} for r in rows]
 
 
 BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
@@ -553,6 +621,19 @@ def _test_noise(points: list[dict]) -> str:
     return (f"One standard error of a test accuracy near {100 * p:.0f} % is {100 * se:.2f} points; of the "
             f"difference between two models' accuracies at most {100 * 2 ** 0.5 * se:.2f}, less as they err on the "
             "same images: the ± after a gain is its standard error counted on the images where the two disagree.")
+
+
+def _means(rows: list[dict]) -> dict:
+    gains = [r["accuracy_gain_pts"] for r in rows if r["accuracy_gain_pts"] is not None]
+    cuts = [r["latency_change_pct"] for r in rows if r["latency_change_pct"] is not None]
+    return {"mean_accuracy_gain_pts": sum(gains) / len(gains) if gains else None,
+            "mean_latency_change_pct": sum(cuts) / len(cuts) if cuts else None}
+
+
+def change_cell(row: dict) -> str:
+    """A comparison's latency change at equal accuracy, as the report's cell."""
+    change = row["latency_change_pct"]
+    return f"{change:+.1f} %" if change is not None else "none as accurate"
 
 
 def gain_cell(row: dict) -> str:
@@ -586,20 +667,17 @@ def report(state: State) -> None:
             base = [p for p in (state.get(model, method) or {}).values() if "latency_ms" in p]
             if not base:
                 continue
-            rows = compare(auto, base)
-            gains = [r["accuracy_gain_pts"] for r in rows if r["accuracy_gain_pts"] is not None]
-            cuts = [r["latency_change_pct"] for r in rows if r["latency_change_pct"] is not None]
-            summary.setdefault(model, {})[method] = {
-                "rows": rows, "mean_accuracy_gain_pts": sum(gains) / len(gains) if gains else None,
-                "mean_latency_change_pct": sum(cuts) / len(cuts) if cuts else None}
-            lines += [f"| {label} | latency | accuracy | AutoTailor at equal latency | "
-                      "AutoTailor latency at equal accuracy |", "|---|---|---|---|---|"]
-            for r in rows:
+            rows, alone = compare(auto, base), compare(alone_front(state, model), base)
+            summary.setdefault(model, {})[method] = {**_means(rows), "rows": rows}
+            header = f"| {label} | latency | accuracy | AutoTailor at equal latency | AutoTailor latency at equal accuracy |"
+            if alone:
+                summary[model][method]["alone"] = {**_means(alone), "rows": alone}
+                header += " with --finetune-steps: at equal latency | at equal accuracy |"
+            lines += [header, "|---" * header.count(" | ") + "|---|"]
+            for i, r in enumerate(rows):
                 b = r["baseline"]
                 lines.append(f"| {name(b)} | {b['latency_ms']:.3f} ms | {100 * b['accuracy']:.2f} % | "
-                             + gain_cell(r)
-                             + " | " + (f"{r['latency_change_pct']:+.1f} %" if r["latency_change_pct"] is not None
-                                        else "none as accurate") + " |")
+                             + " | ".join(f"{gain_cell(c)} | {change_cell(c)}" for c in [r, *alone[i:i + 1]]) + " |")
             lines.append("")
             if method == "nestdnn" and state.get(model, "nestdnn_arch"):
                 lines += ["NestDNN*'s uniform pruning (every width at the kept fraction, unrounded) as a SubNet of "
@@ -607,11 +685,15 @@ def report(state: State) -> None:
                           "has): " + ", ".join(
                               f"{k}: {100 * v['accuracy']:.2f} % at {v['macs'] / 1e6:.1f} M MACs"
                               for k, v in state.get(model, "nestdnn_arch").items()) + ".", ""]
-        lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs |",
-                  "|---|---|---|---|---|"]
+        alone = state.get(model, "alone") or {}
+        kept = {p["key"] for p in alone_front(state, model) if p["fine_tuned"]}
+        lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs | "
+                  f"fine-tuned alone ({ALONE_STEPS} steps, lr {ALONE_LR:g}) |", "|---|---|---|---|---|---|"]
         for key, a in sorted(state.get(model, "autotailor").items(), key=lambda kv: kv[1].get("latency_ms", 0)):
             lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} % | "
-                         f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M |")
+                         f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
+                         + (f"{100 * alone[key]['accuracy']:.2f} %{' (exported)' if key in kept else ''} |"
+                            if key in alone else "|"))
         spent = costs(state, model, state.path.parent)
         summary.setdefault(model, {})["costs"] = spent
         lines += ["", "Cost of each (the paper's Fig. 15):", "",
@@ -638,12 +720,14 @@ def _plot(state: State) -> Path:
 
     fig, axes = plt.subplots(1, len(MODELS), figsize=(6 * len(MODELS), 4.2))
     for ax, model in zip(axes, MODELS):
-        for method, style in (("autotailor", "o-"), ("nestdnn", "s--"), ("adaptivenet", "^:")):
-            points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in (state.get(model, method) or {}).values()
-                            if "latency_ms" in p)
+        fronts = {method: list((state.get(model, method) or {}).values()) for method in METHODS}
+        fronts["alone"] = alone_front(state, model)
+        labels = {"autotailor": ("AutoTailor (shared weights)", "o-"), "alone": ("AutoTailor, export --finetune-steps", "D-"),
+                  "nestdnn": ("NestDNN*", "s--"), "adaptivenet": ("AdaptiveNet-style", "^:")}
+        for method, (label, style) in labels.items():
+            points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in fronts[method] if "latency_ms" in p)
             if points:
-                ax.plot(*zip(*points), style, label={"nestdnn": "NestDNN*", "adaptivenet": "AdaptiveNet-style",
-                                                     "autotailor": "AutoTailor"}[method])
+                ax.plot(*zip(*points), style, label=label)
         ax.set_title(f"{model}, CIFAR-10")
         ax.set_xlabel("latency (ms), ONNX Runtime 1 thread")
         ax.set_ylabel("top-1 accuracy (%)")
@@ -663,8 +747,9 @@ def main() -> None:
     p.add_argument("--train-only", action="store_true",
                    help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
                         "blocks (no latency measured and no report written: for a busy machine)")
-    p.add_argument("--methods", default="nestdnn,adaptivenet",
-                   help="the baselines to train (--train-only: two processes can train one each) or to measure")
+    p.add_argument("--methods", default="nestdnn,adaptivenet,alone",
+                   help="the baselines to train (--train-only: two processes can train one each) or to measure; "
+                        "alone: AutoTailor's chosen SubNets also fine-tuned alone")
     p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
                    "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
     p.add_argument("--no-timing", action="store_true",
@@ -715,6 +800,8 @@ def main() -> None:
             if not args.no_timing:
                 time_all(state, model, work)
             paired_points(state, model, args.data, work)
+            if "alone" in methods:
+                alone_points(state, model, args.data, work)
     report(state)
 
 

@@ -71,6 +71,9 @@ def measure(state: State, model: str, work: Path, rounds: int, tmp: Path) -> dic
     for p in points["autotailor"] + points["nestdnn"]:
         t = timed[p["name"]]
         p.update(latency_ms=t["ratio"] * largest_ms, latency_ratio=t["ratio"], ratio_mad=t["ratio_mad"])
+    twins = {p["key"]: p for p in points["autotailor"]}  # fine-tuned alone: its shared twin's architecture
+    points["alone"] = [{**p, **{k: twins[p["key"]][k] for k in ("latency_ms", "latency_ratio", "ratio_mad")}}
+                       for p in baselines.alone_front(state, model)]
     return {"largest_ms": largest_ms, **points}
 
 
@@ -97,25 +100,32 @@ def main() -> None:
             if not state.get(model, "nestdnn") or not state.get(model, "autotailor"):
                 continue
             got = results[model] = measure(state, model, work, args.rounds, Path(tmp))
-            rows = baselines.compare(got["autotailor"], got["nestdnn"])
-            got["rows"] = [{k: v for k, v in r.items() if k != "baseline"} | {"ratio": r["baseline"]["ratio"]}
-                           for r in rows]
-            lines += [f"## {model}", "", f"Largest SubNet: {got['largest_ms']:.3f} ms.", "",
-                      "| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
-                      "AutoTailor latency at equal accuracy |", "|---|---|---|---|---|"]
-            for r in rows:
+            rows, alone = (baselines.compare(got[front], got["nestdnn"]) for front in ("autotailor", "alone"))
+            got["rows"], got["rows_alone"] = ([{k: v for k, v in r.items() if k != "baseline"}
+                                               | {"ratio": r["baseline"]["ratio"]} for r in found] for found in (rows, alone))
+            header = ("| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
+                      "AutoTailor latency at equal accuracy |" + (" with --finetune-steps: at equal latency | "
+                                                                   "at equal accuracy |" if alone else ""))
+            lines += [f"## {model}", "", f"Largest SubNet: {got['largest_ms']:.3f} ms.", "", header,
+                      "|---" * header.count(" | ") + "|---|"]
+            for i, r in enumerate(rows):
                 b = r["baseline"]
-                change = r["latency_change_pct"]
                 lines.append(f"| {b['ratio']:g} | {b['latency_ms']:.3f} ms (±{100 * b['ratio_mad']:.0f} %) | "
-                             f"{100 * b['accuracy']:.2f} % | {baselines.gain_cell(r)} | "
-                             + (f"{change:+.1f} %" if change is not None else "none as accurate") + " |")
-            lines += ["", "| AutoTailor budget | latency | accuracy (test) | MACs |", "|---|---|---|---|"]
+                             f"{100 * b['accuracy']:.2f} % | "
+                             + " | ".join(f"{baselines.gain_cell(c)} | {baselines.change_cell(c)}"
+                                          for c in [r, *alone[i:i + 1]]) + " |")
+            by_key = {a["key"]: a for a in got["alone"]}
+            lines += ["", "| AutoTailor budget | latency | accuracy (test) | MACs | exported with --finetune-steps |",
+                      "|---|---|---|---|---|"]
             lines += [f"| {a['key']} | {a['latency_ms']:.3f} ms (±{100 * a['ratio_mad']:.0f} %) | "
-                      f"{100 * a['accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M |"
+                      f"{100 * a['accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
+                      + (f"{100 * by_key[a['key']]['accuracy']:.2f} % "
+                         f"({'fine-tuned' if by_key[a['key']]['fine_tuned'] else 'shared'}) |" if a["key"] in by_key
+                         else "|")
                       for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
             lines.append("")
     for got in results.values():  # the JSON keeps what was timed, not the test images' error masks
-        for p in got["autotailor"] + got["nestdnn"]:
+        for p in got["autotailor"] + got["nestdnn"] + got["alone"]:
             p.pop("wrong", None)
     write_results(HERE / "results", "baselines_paired",
                   {"machine": m, "commit": head_commit(), "command": command, "models": results},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import shutil
@@ -11,20 +12,23 @@ import textwrap
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
 import autotailor as at
 from autotailor.cli import main
 from autotailor.compiler.config import load_config
-from autotailor.pipeline.deployment import ExportSettings
+from autotailor.pipeline.deployment import ExportSettings, export_choices
 from autotailor.pipeline.results import ExportsRecord, RunRecord, SearchRecord
 from autotailor.pipeline.run import DEMO_CONFIG, plan_run
 from autotailor.pipeline.selection import SearchSettings, objectives_for
 from autotailor.pipeline.workdir import EvalSettings, eval_data, weights_digest
 from autotailor.predict.latency import LutStore
 from autotailor.settings import merge_settings
-from autotailor.tune import TuneConfig, recalibrated
+from autotailor.data import BatchLoader, load_data
+from autotailor.tune import TuneConfig, recalibrated, specialize, specialize_config
+from autotailor.tune.evaluate import accuracy as accuracy_of
 
 CONFIG = """\
 [run]
@@ -407,3 +411,43 @@ def test_an_int8_device_exports_its_own_file_and_measures_its_accuracy(run_dir, 
     assert e.measured["latency_ms"] > 0
     # the int8 file's accuracy, measured on the file (digits, a small validation sample): near the fp32 SubNet's
     assert abs(e.measured["accuracy"] - fp32.measured["accuracy"]) <= 0.08, (e.measured, fp32.measured)
+
+
+def test_export_can_fine_tune_each_chosen_subnet_alone_and_keeps_the_more_accurate(run_dir, tmp_path, capsys) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(run_dir, work)
+    assert main(["export", str(work), "--finetune-steps", "-1"]) == 2
+    assert "export.finetune_steps = -1 is not allowed; expected 0 (off) or more" in capsys.readouterr().err
+    flags = ["--finetune-steps", "30", "--finetune-lr", "0.05", "--device", "none", "--pick", "1"]
+    assert main(["export", str(work), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "fine-tuning a SubNet alone for 30 steps" in out and "exported the fine-tuned" in out, out
+    e = ExportsRecord.read(work).exports[0]
+    [kept] = (work / "specialized").iterdir()
+    sn = at.load(work)
+    arch = sn.space.complete(e.arch)
+    loader = BatchLoader(load_data("digits", seed=0)[0], 64, train=True, resolution=sn.example_shape[-1])
+    alone = specialize(sn, arch, loader, specialize_config(30, 0.05), work / "specialized")  # the kept one: loaded
+    data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
+    with recalibrated(sn, arch, data.calibration):
+        shared = sn.extract(arch).eval()
+    measured = {k: accuracy_of(net, data.val, arch["resolution"]) for k, net in (("finetuned", alone), ("shared", shared))}
+    assert e.measured["accuracy_finetuned"] == e.measured["accuracy"] == measured["finetuned"] > measured["shared"]
+    assert e.measured["accuracy_shared"] == measured["shared"]
+    x = torch.randn(sn.input_shape(arch), generator=torch.Generator().manual_seed(0))
+    onnx_path = next(f for f in e.files if f.endswith(".onnx"))
+    y = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+    with torch.no_grad():
+        ref = alone(x).numpy()
+    assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+    # exported again: the kept weights, no training
+    assert main(["export", str(work), *flags]) == 0
+    assert "fine-tuning a SubNet" not in capsys.readouterr().out
+    assert list((work / "specialized").iterdir()) == [kept]
+    # a fine-tuned SubNet less accurate than the shared weights' is not what is exported
+    worse = copy.deepcopy(shared)
+    for p in worse.parameters():
+        p.data.zero_()  # every class scored alike: argmax is class 0
+    chosen = SearchRecord.read(work).pick("1")
+    [again] = export_choices(sn, tmp_path / "out", chosen, ["onnx"], data, None, finetuned=lambda a: worse)
+    assert again.measured["accuracy_finetuned"] < again.measured["accuracy_shared"] == again.measured["accuracy"]

@@ -11,7 +11,9 @@ import torch.nn as nn
 
 import autotailor as at
 from autotailor.data import BatchLoader, load_data
-from autotailor.tune import TuneConfig, Tuner, evaluate
+from autotailor.tune import TuneConfig, Tuner, evaluate, specialize, specialize_config
+from autotailor.tune.evaluate import accuracy
+from autotailor.tune.specialize import specialized_path
 from autotailor.tune.tuner import ALPHA_CLIP, DISTILL_LOSSES
 
 
@@ -167,3 +169,55 @@ def test_each_step_trains_the_largest_then_the_smallest_unless_told_not_to(digit
     assert no_smallest[0] == sn.space.max() and len(no_smallest) == 3
     assert no_smallest[1] == sandwich[2]  # the same seeded random SubNets, one more of them
     assert sn.space.min() not in no_smallest[1:]
+
+
+def test_a_chosen_subnet_fine_tuned_alone_gains_accuracy_is_kept_and_leaves_the_supernet_alone(digits,
+                                                                                                tmp_path) -> None:
+    train, val = digits
+    sn = _supernet()
+    Tuner(sn, BatchLoader(train, 64, train=True, resolution=16), TuneConfig(steps=150, subnets=1, lr=0.1)).run()
+    Tuner(sn, BatchLoader(train, 64, train=True, resolution=16, seed=1), TuneConfig(steps=20, lr=0.05)).run()
+    arch = sn.space.complete({"stage0.width_ratio": 0.75, "block1.expand_ratio": 0.5, "block2.expand_ratio": 0.5})
+    val_batches = list(BatchLoader(val, 200, train=False, resolution=16))
+    calib = [b for _, b in zip(range(4), BatchLoader(train, 64, train=True, resolution=16, seed=9))]
+    shared = evaluate(sn, arch, val_batches, calib)
+    before = {k: v.clone() for k, v in sn.state_dict().items()}
+    loader = BatchLoader(train, 64, train=True, resolution=16, seed=2)
+    config = specialize_config(60, 0.05)
+    steps: list[int] = []
+    net = specialize(sn, arch, loader, config, tmp_path, lambda r: steps.append(r.step))
+    assert steps == list(range(60))
+    assert all(torch.equal(before[k], v) for k, v in sn.state_dict().items()), "specialize changed the SuperNet"
+    alone = accuracy(net, val_batches, sn.input_shape(arch)[-1])
+    assert alone > shared + 0.02, (alone, shared)
+    # kept under a digest of the weights, the SubNet and the settings: loaded, not trained again
+    kept = specialized_path(sn, arch, config, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]
+    again = specialize(sn, arch, loader, config, tmp_path, lambda r: pytest.fail("trained again"))
+    x = val_batches[0][0]
+    assert torch.equal(again(x), net(x))
+    assert specialized_path(sn, arch, specialize_config(61, 0.05), tmp_path) != kept
+    assert specialized_path(sn, sn.space.max(), config, tmp_path) != kept
+
+
+def test_an_interrupted_fine_tuning_resumes_to_the_same_weights(digits, tmp_path) -> None:
+    sn = _supernet()
+    arch = sn.space.min()
+    loader = BatchLoader(digits[0], 32, train=True, resolution=16, seed=3)
+    config = dataclasses.replace(specialize_config(6, 0.05), checkpoint_every=2)
+    whole = specialize(sn, arch, loader, config, tmp_path / "whole")
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_three(r) -> None:
+        if r.step == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        specialize(sn, arch, loader, config, tmp_path / "cut", stop_after_three)
+    assert [p.suffix for p in (tmp_path / "cut").iterdir()] == [".ckpt"]
+    resumed = specialize(sn, arch, loader, config, tmp_path / "cut")
+    assert [p.suffix for p in (tmp_path / "cut").iterdir()] == [".pt"]
+    for k, v in whole.state_dict().items():
+        assert torch.allclose(v.float(), resumed.state_dict()[k].float(), atol=1e-6), k

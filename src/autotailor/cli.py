@@ -211,7 +211,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotailor.pipeline.steps import export_step
 
     settings = _settings(ExportSettings, "export", args, {
-        "formats": tuple(args.format.split(",")) if args.format else None, "pick": args.pick})
+        "formats": tuple(args.format.split(",")) if args.format else None, "pick": args.pick,
+        "finetune_steps": args.finetune_steps, "finetune_lr": args.finetune_lr})
     export_step(args.work, settings, args.data, _eval_settings(args), args.device, args.device_name)
     return 0
 
@@ -442,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data to recalibrate BatchNorm and measure accuracy (default: sensitivity's)")
     p.add_argument("--device", help="where to measure latency (default: the search's device; none to skip)")
     p.add_argument("--device-name", help="name of this machine in the LUT (default: the host name)")
+    p.add_argument("--finetune-steps", type=int,
+                   help="fine-tune each chosen SubNet alone for this many batches of --data first (default 0: not)")
+    p.add_argument("--finetune-lr", type=float, help="its peak learning rate (default 0.01)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("bundle", help="the exported SubNets as a bundle for the on-device runtime (docs/runtime.md)")

@@ -8,6 +8,10 @@ the predictions are; as timed in ``latency_raw_ms``) and evaluated on the valida
 beside what was predicted. A device whose files are quantized (``Backend.quantized``: ONNX
 Runtime at int8) writes its own file of its format, calibrated on the data's calibration
 batches, and that file is what is evaluated.
+
+With ``[export] finetune_steps``, each chosen SubNet is also fine-tuned alone, its weights no
+longer shared, with the largest SubNet as teacher (``tune.specialize``), and the more accurate
+of the two on the validation subset is exported.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch.nn as nn
 
 from autotailor.data.loader import at_resolution
-from autotailor.errors import ExportError
+from autotailor.errors import ConfigError, ExportError
 from autotailor.predict.latency import export_formats, format_backend
 from autotailor.files import write_text
 from autotailor.pipeline.results import Chosen, Exported, ExportsRecord
 from autotailor.pipeline.workdir import DeviceSetup, EvalData, slug
-from autotailor.tune import evaluate, recalibrated
+from autotailor.supernet import Arch
+from autotailor.tune import recalibrated
+from autotailor.tune.evaluate import accuracy
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +53,26 @@ class ExportSettings:
 
     formats: tuple = ("onnx",)
     pick: str = "all"  # all, a budget label (8ms, latency_ms=8) or a budget's position
+    finetune_steps: int = 0  # each chosen SubNet fine-tuned alone for this many batches first; 0: not
+    finetune_lr: float = 0.01  # its peak learning rate (cosine decay)
+
+    def __post_init__(self) -> None:
+        if self.finetune_steps < 0:
+            raise ConfigError(f"export.finetune_steps = {self.finetune_steps} is not allowed; expected 0 (off) or more")
+        if not self.finetune_lr > 0:
+            raise ConfigError(f"export.finetune_lr = {self.finetune_lr} is not allowed; expected a positive number")
 
 
 def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequence[str],
                    data: EvalData | None, device: DeviceSetup | None,
-                   on_done: Callable[[Exported], None] | None = None) -> list[Exported]:
+                   on_done: Callable[[Exported], None] | None = None,
+                   finetuned: Callable[[Arch], nn.Module] | None = None) -> list[Exported]:
     """Export each chosen SubNet (of ``search.json``) into ``OUT/export/BUDGET/`` and measure it;
-    write ``OUT/exports.json`` (``out``: the work directory, or a fleet device's folder)."""
+    write ``OUT/exports.json`` (``out``: the work directory, or a fleet device's folder).
+    ``finetuned`` (needs ``data``) makes a SubNet fine-tuned alone: it is exported in place of the
+    shared weights' when it is more accurate on the validation subset (both are measured, as
+    ``accuracy_finetuned`` and ``accuracy_shared``); on the smallest SubNets, which the sandwich
+    rule trained at every step, it can be less."""
     formats = check_formats(formats)
     reference = device.reference_ms() if device is not None else None
     done = []
@@ -67,6 +87,13 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
         else:
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
             net = sn.extract(arch).eval()
+        compared: dict[str, float] = {}
+        if finetuned is not None and data is not None:
+            alone = finetuned(arch)
+            compared = {"accuracy_finetuned": accuracy(alone, data.val, shape[-1]),
+                        "accuracy_shared": accuracy(net, data.val, shape[-1])}
+            if compared["accuracy_finetuned"] > compared["accuracy_shared"]:
+                net = alone
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
         quantized = device is not None and device.backend.quantized
         if quantized:  # the device's own file replaces (or joins) its format's default one
@@ -76,7 +103,7 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
             calibration = None if data is None else [at_resolution(x, shape[-1]).numpy() for x, _ in data.calibration]
             files[device.backend.format] = device.backend.deploy(net, folder / "subnet", shape, calibration)
         measured: dict[str, float | None] = {"latency_ms": None, "latency_mad_ms": None, "latency_raw_ms": None,
-                                             "accuracy": None}
+                                             "accuracy": None, **compared}
         if device is not None:
             backend = device.backend
             with tempfile.TemporaryDirectory() as tmp:
@@ -89,7 +116,7 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
         if data is not None and quantized:
             measured["accuracy"] = _file_accuracy(device.backend.format, files[device.backend.format], data, shape)
         elif data is not None:
-            measured["accuracy"] = evaluate(sn, arch, data.val, data.calibration)
+            measured["accuracy"] = accuracy(net, data.val, shape[-1])
         predicted = {"accuracy": choice.accuracy, **choice.metrics}
         written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
         item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured)

@@ -175,7 +175,8 @@ def plan_run(config: str | Path, work: str | Path | None = None, quiet: bool = T
             (f"export{suffix}", {"device": device, "data": data_spec},
              lambda again, d=device, o=out: st.export_step(work, _own_format(settings(ExportSettings, "export"), d)
                                                           if fleet else settings(ExportSettings, "export"), data_spec,
-                                                          settings(EvalSettings, "sensitivity"), d, out=o)),
+                                                          settings(EvalSettings, "sensitivity"), d, out=o,
+                                                          quiet=quiet)),
         ]
     steps = [(name, {**given, **{t: data[t] for t in _TABLES[name.split()[0]] if t in data}}, call)
              for name, given, call in steps]

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import torch
 
 from autotailor.errors import AutoTailorError, WorkdirError
-from autotailor.pipeline.workdir import (CONFIG, SENSITIVITY, EvalSettings, check_classes, eval_data, load_supernet,
-                                         weights_digest)
+from autotailor.pipeline.workdir import (CONFIG, SENSITIVITY, SPECIALIZED, EvalSettings, check_classes, eval_data,
+                                         load_supernet, weights_digest)
 
 T = TypeVar("T")
 Say = Callable[[str], None]
@@ -336,7 +336,7 @@ def describe_search(found, work: str | Path) -> list[str]:
 # -- export ------------------------------------------------------------------------------------------
 def export_step(work: str | Path, settings, data: str | None = None, evaluation: EvalSettings = EvalSettings(),
                 device: str | None = None, device_name: str | None = None, say: Say = print,
-                out: str | Path | None = None):
+                out: str | Path | None = None, quiet: bool = False):
     """Export the chosen SubNets ``settings.pick`` (``ExportSettings``) of ``OUT/search.json`` in
     ``settings.formats``, measured on ``device`` (default: the search's; ``"none"``: not timed)
     and on the validation data; writes ``OUT/exports.json`` (``out``: ``work``, or a fleet
@@ -360,11 +360,41 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
             + (f"; measured {lat:.3f} ms (predicted {e.predicted.get('latency_ms', float('nan')):.3f})"
                if lat is not None else "")
             + (f"; accuracy {100 * acc:.2f} % (predicted {100 * e.predicted['accuracy']:.2f})"
-               if acc is not None else ""))
+               if acc is not None else "")
+            + (f"; fine-tuned alone {100 * e.measured['accuracy_finetuned']:.2f} %, shared weights "
+               f"{100 * e.measured['accuracy_shared']:.2f} %: exported the "
+               + ("fine-tuned" if e.measured["accuracy_finetuned"] > e.measured["accuracy_shared"] else "shared")
+               if "accuracy_finetuned" in e.measured else ""))
 
+    finetuned = None
+    if settings.finetune_steps:
+        if measured_on is None:
+            raise AutoTailorError(f"export.finetune_steps = {settings.finetune_steps} trains each chosen SubNet: "
+                                  "give the training data with --data")
+        finetuned = _finetuned(sn, work, measured_on.spec, settings, quiet, say)
     say(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
         + (f", measured on {setup.spec}" if setup else ""))
-    return export_choices(sn, out, chosen, settings.formats, measured_on, setup, done)
+    return export_choices(sn, out, chosen, settings.formats, measured_on, setup, done, finetuned)
+
+
+def _finetuned(sn, work: str | Path, data: str, settings, quiet: bool, say: Say):
+    """Each SubNet fine-tuned alone on ``data`` (``tune.specialize``), kept in ``WORK/specialized/``."""
+    from autotailor.data import BatchLoader, load_data
+    from autotailor.tune import specialize, specialize_config
+    from autotailor.tune.specialize import specialized_path
+
+    config, folder = specialize_config(settings.finetune_steps, settings.finetune_lr), Path(work) / SPECIALIZED
+    train, _ = load_data(data, seed=config.seed)
+    loader = BatchLoader(train, 64, train=True, resolution=sn.example_shape[-1], seed=config.seed)
+
+    def finetuned(arch):
+        if not specialized_path(sn, arch, config, folder).is_file():
+            say(f"  fine-tuning a SubNet alone for {config.steps} steps (kept in {folder})")
+        with _progress("fine-tune", quiet) as progress:
+            task = progress.add_task("fine-tune", total=config.steps)
+            return specialize(sn, arch, loader, config, folder, lambda r: progress.update(task, completed=r.step + 1))
+
+    return finetuned
 
 
 # -- bundle ------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 CONFIG = "config.json"
 SENSITIVITY = "sensitivity.json"
 LUT = "latency.sqlite"
+SPECIALIZED = "specialized"  # chosen SubNets fine-tuned alone (export.finetune_steps)
 CALIBRATION_SECONDS = 30.0  # what a calibration's timings span at least (see ``DeviceSetup.calibrate``)
 CALIBRATION_ROUNDS = 4
 
@@ -45,7 +46,8 @@ CALIBRATION_ROUNDS = 4
 #: What the steps write into a work directory: ``compile --force`` deletes these and nothing else.
 MADE_FILES = ("supernet.pt", "space.json", "compile.json", CONFIG, "train.ckpt", "tune.ckpt", "train.log.jsonl",
               "tune.log.jsonl", SENSITIVITY, "finalists.json", "search.json", "exports.json", "latency.sqlite",
-              "latency.sqlite-wal", "latency.sqlite-shm", "report.md", "report.png", "run.json", "export", "devices")
+              "latency.sqlite-wal", "latency.sqlite-shm", "report.md", "report.png", "run.json", "export", "devices",
+              SPECIALIZED)
 _LOCK = ".autotailor.lock"
 DEVICES = "devices"
 

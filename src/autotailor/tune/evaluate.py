@@ -52,20 +52,23 @@ def recalibrated(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor,
             sn.train(was_training)
 
 
+def accuracy(net: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], resolution: int) -> float:
+    """Top-1 accuracy of ``net`` (in its current mode) on ``batches``, resized to ``resolution``."""
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in batches:
+            correct += int((net(at_resolution(x, resolution)).argmax(1) == y).sum())
+            total += len(y)
+    return correct / max(total, 1)
+
+
 def evaluate(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
              calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None) -> float:
     """Top-1 accuracy of ``arch`` on ``batches``; with ``calibration`` batches, BatchNorm
     statistics are recalibrated for ``arch`` first (and restored afterwards)."""
 
     def run() -> float:
-        correct = total = 0
-        resolution = sn.input_shape()[-1]
-        with torch.no_grad():
-            for x, y in batches:
-                pred = sn(at_resolution(x, resolution)).argmax(1)
-                correct += int((pred == y).sum())
-                total += len(y)
-        return correct / max(total, 1)
+        return accuracy(sn, batches, sn.input_shape()[-1])
 
     was_training = sn.training
     try:

@@ -146,10 +146,14 @@ def training_layout(model: nn.Module) -> torch.memory_format:
 
 
 class Tuner:
-    """Fine-tunes ``sn`` on ``loader``'s batches, checkpointing to ``checkpoint`` (if given)."""
+    """Fine-tunes ``sn`` on ``loader``'s batches, checkpointing to ``checkpoint`` (if given). With
+    ``arch``, every step trains that SubNet alone (``config.subnets`` is then ignored): with
+    ``teacher = "original"``, the SuperNet's largest SubNet teaches it (``specialize``)."""
 
-    def __init__(self, sn: SuperNet, loader: BatchLoader, config: TuneConfig, checkpoint: str | Path | None = None):
+    def __init__(self, sn: SuperNet, loader: BatchLoader, config: TuneConfig, checkpoint: str | Path | None = None,
+                 arch: Arch | None = None):
         self.sn = sn
+        self.arch = None if arch is None else sn.space.complete(arch)
         self.loader = loader
         self.config = config
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
@@ -195,7 +199,10 @@ class Tuner:
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     def sample(self, step: int) -> list[Arch]:
-        """The SubNets of ``step``: largest first (the teacher), then smallest (``smallest``), then random."""
+        """The SubNets of ``step``: largest first (the teacher), then smallest (``smallest``), then
+        random; or the one ``arch`` the Tuner was given."""
+        if self.arch is not None:
+            return [self.arch]
         space = self.sn.space
         rng = random.Random(f"{self.config.seed}:{step}")
         fixed = [space.max(), space.min()] if self.config.smallest else [space.max()]
