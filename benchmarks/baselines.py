@@ -12,7 +12,12 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   ``benchmarks/artifacts/``) in the default space (``--channel-multiple N``: with every width
   choice a multiple of N channels), profiled for ONNX Runtime with 1 thread, its sensitivities
   measured, and ``BUDGETS`` latency budgets searched with ``--verify 2 --finalists 4``,
-  all through the command line a user has (the paper searches 40-50).
+  all through the command line a user has (the paper searches 40-50). Then, as ``autotailor
+  export --finetune-steps`` deploys them, each chosen SubNet fine-tuned alone for
+  ``ALONE_STEPS`` batches with the largest SubNet as teacher, and kept unless the shared
+  weights' SubNet is more accurate on the validation sample (``alone_points``, ``alone_front``;
+  ``--methods`` without ``alone`` skips it). That training comes on top of the tuning's
+  image-steps, and the costs count it.
 - **NestDNN***: as the paper approximates NestDNN (its code is not public), the trained base
   model pruned with Torch-Pruning (L1 magnitude, one ratio for every layer, the classifier
   kept, each layer's kept channels rounded down to a multiple of ``ROUND_TO``) at each of
@@ -204,7 +209,7 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
         state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs}, model, "nestdnn_arch", f"{ratio:g}")
 
 
-def alone_points(state: State, model: str, data: str, work: Path) -> None:
+def alone_points(state: State, model: str, data: str, work: Path, largest_first: bool = False) -> None:
     """Each SubNet the search chose fine-tuned alone for ``ALONE_STEPS`` batches, as ``autotailor
     export --finetune-steps`` does it (``tune.specialize``; a SubNet chosen for several budgets is
     trained once): its test accuracy, and its and the shared weights' accuracy on the validation
@@ -224,8 +229,10 @@ def alone_points(state: State, model: str, data: str, work: Path) -> None:
                          seed=config.seed)
     batches, _ = _test_batches(data)
     val = validation_data(sn, folder, None, EvalSettings())
-    # the smallest first: each is quicker to train, and an interrupted run resumes where it stopped
-    for key, point in sorted((state.get(model, "autotailor") or {}).items(), key=lambda kv: kv[1]["macs"]):
+    # the smallest first (each quicker to train), or the largest: a second process meets the first
+    for key, point in sorted((state.get(model, "autotailor") or {}).items(), key=lambda kv: kv[1]["macs"],
+                             reverse=largest_first):
+        state.reload()  # what the other process finished meanwhile
         done = state.get(model, "alone", key) or {}
         if done.get("arch") == point["arch"] and "validation" in done:
             continue
@@ -246,7 +253,7 @@ def alone_points(state: State, model: str, data: str, work: Path) -> None:
 
 def alone_front(state: State, model: str) -> list[dict]:
     """What ``autotailor export --finetune-steps`` deploys for each budget: the SubNet fine-tuned
-    alone where it is more accurate on the validation sample, else the shared weights' one; each
+    alone unless the shared weights' one is more accurate on the validation sample; each
     at the latency its shared-weights twin was timed at (the same architecture: the weights'
     values do not change what runs)."""
     shared, front = state.get(model, "autotailor") or {}, []
@@ -254,7 +261,7 @@ def alone_front(state: State, model: str) -> list[dict]:
         twin = shared.get(key)
         if twin is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p:
             continue
-        kept = p if p["validation"]["alone"] > p["validation"]["shared"] else twin
+        kept = p if p["validation"]["alone"] >= p["validation"]["shared"] else twin
         front.append({**kept, "key": key, "latency_ms": twin["latency_ms"], "fine_tuned": kept is p})
     return front
 
@@ -573,7 +580,11 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                                     f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
                      "search": f"{search['seconds']:.1f} s, {search['predictions']} predictions, "
                                f"{search['verify_rounds']} verify rounds"})
-    alone = {json.dumps(p["arch"], sort_keys=True): p for p in (state.get(model, "alone") or {}).values()}
+    alone: dict[str, dict] = {}  # one per architecture: the budget that trained it (the others loaded it)
+    for p in (state.get(model, "alone") or {}).values():
+        arch = json.dumps(p["arch"], sort_keys=True)
+        if p["train_cpu_seconds"] > alone.get(arch, {}).get("train_cpu_seconds", -1):
+            alone[arch] = p
     if alone:
         rows.append({"key": "alone", "method": "AutoTailor's chosen SubNets fine-tuned alone (on top of the above)",
                      "image_steps": sum(p["steps"] for p in alone.values()) * tuning_schedules.BATCH,
@@ -757,6 +768,9 @@ def main() -> None:
                         "on an idle machine, which times them all in one pass")
     p.add_argument("--channel-multiple", type=int, default=1,
                    help="AutoTailor's space: every width choice a multiple of this many channels ([arch] channel_multiple)")
+    p.add_argument("--alone-largest-first", action="store_true",
+                   help="fine-tune the chosen SubNets alone from the largest down: a second process beside one "
+                        "going up from the smallest")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -801,7 +815,7 @@ def main() -> None:
                 time_all(state, model, work)
             paired_points(state, model, args.data, work)
             if "alone" in methods:
-                alone_points(state, model, args.data, work)
+                alone_points(state, model, args.data, work, args.alone_largest_first)
     report(state)
 
 

@@ -49,7 +49,11 @@ class State:
 
     def __init__(self, path: Path):
         self.path = path
-        self.data = json.loads(path.read_text()) if path.is_file() else {}
+        self.reload()
+
+    def reload(self) -> None:
+        """What other drivers have put meanwhile."""
+        self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def get(self, *keys):
         d = self.data

@@ -10,8 +10,8 @@ Runtime at int8) writes its own file of its format, calibrated on the data's cal
 batches, and that file is what is evaluated.
 
 With ``[export] finetune_steps``, each chosen SubNet is also fine-tuned alone, its weights no
-longer shared, with the largest SubNet as teacher (``tune.specialize``), and the more accurate
-of the two on the validation subset is exported.
+longer shared, with the largest SubNet as teacher (``tune.specialize``), and exported unless
+the shared weights' SubNet is more accurate on the validation subset.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
     """Export each chosen SubNet (of ``search.json``) into ``OUT/export/BUDGET/`` and measure it;
     write ``OUT/exports.json`` (``out``: the work directory, or a fleet device's folder).
     ``finetuned`` (needs ``data``) makes a SubNet fine-tuned alone: it is exported in place of the
-    shared weights' when it is more accurate on the validation subset (both are measured, as
-    ``accuracy_finetuned`` and ``accuracy_shared``); on the smallest SubNets, which the sandwich
-    rule trained at every step, it can be less."""
+    shared weights' unless that is more accurate on the validation subset (both are measured, as
+    ``accuracy_finetuned`` and ``accuracy_shared``), as it can be on the smallest SubNets, which
+    the sandwich rule trained at every step."""
     formats = check_formats(formats)
     reference = device.reference_ms() if device is not None else None
     done = []
@@ -92,7 +92,7 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
             alone = finetuned(arch)
             compared = {"accuracy_finetuned": accuracy(alone, data.val, shape[-1]),
                         "accuracy_shared": accuracy(net, data.val, shape[-1])}
-            if compared["accuracy_finetuned"] > compared["accuracy_shared"]:
+            if compared["accuracy_finetuned"] >= compared["accuracy_shared"]:  # a tie: what the user asked for
                 net = alone
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
         quantized = device is not None and device.backend.quantized

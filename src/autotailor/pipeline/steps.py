@@ -363,7 +363,7 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
                if acc is not None else "")
             + (f"; fine-tuned alone {100 * e.measured['accuracy_finetuned']:.2f} %, shared weights "
                f"{100 * e.measured['accuracy_shared']:.2f} %: exported the "
-               + ("fine-tuned" if e.measured["accuracy_finetuned"] > e.measured["accuracy_shared"] else "shared")
+               + ("fine-tuned" if e.measured["accuracy_finetuned"] >= e.measured["accuracy_shared"] else "shared")
                if "accuracy_finetuned" in e.measured else ""))
 
     finetuned = None
