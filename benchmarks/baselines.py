@@ -588,7 +588,8 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
     if alone:
         rows.append({"key": "alone", "method": "AutoTailor's chosen SubNets fine-tuned alone (on top of the above)",
                      "image_steps": sum(p["steps"] for p in alone.values()) * tuning_schedules.BATCH,
-                     "profiling": "none", "evaluations": "none", "search": "none",
+                     "profiling": "none", "search": "none",
+                     "evaluations": f"{len(alone)} x 2 (fine-tuned, shared) on the validation images",
                      "train_cpu_minutes": f"{sum(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f} "
                                           f"({len(alone)} x {min(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f}"
                                           f"-{max(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f})"})
