@@ -697,15 +697,15 @@ def report(state: State) -> None:
                           "has): " + ", ".join(
                               f"{k}: {100 * v['accuracy']:.2f} % at {v['macs'] / 1e6:.1f} M MACs"
                               for k, v in state.get(model, "nestdnn_arch").items()) + ".", ""]
-        alone = state.get(model, "alone") or {}
+        fine_tuned = state.get(model, "alone") or {}
         kept = {p["key"] for p in alone_front(state, model) if p["fine_tuned"]}
         lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs | "
                   f"fine-tuned alone ({ALONE_STEPS} steps, lr {ALONE_LR:g}) |", "|---|---|---|---|---|---|"]
         for key, a in sorted(state.get(model, "autotailor").items(), key=lambda kv: kv[1].get("latency_ms", 0)):
             lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} % | "
                          f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
-                         + (f"{100 * alone[key]['accuracy']:.2f} %{' (exported)' if key in kept else ''} |"
-                            if key in alone else "|"))
+                         + (f"{100 * fine_tuned[key]['accuracy']:.2f} %{' (exported)' if key in kept else ''} |"
+                            if key in fine_tuned else "|"))
         spent = costs(state, model, state.path.parent)
         summary.setdefault(model, {})["costs"] = spent
         lines += ["", "Cost of each (the paper's Fig. 15):", "",

@@ -19,6 +19,7 @@ import torch
 import autotailor as at
 from autotailor.cli import main
 from autotailor.compiler.config import load_config
+from autotailor.data import BatchLoader, load_data
 from autotailor.pipeline.deployment import ExportSettings, export_choices
 from autotailor.pipeline.results import ExportsRecord, RunRecord, SearchRecord
 from autotailor.pipeline.run import DEMO_CONFIG, plan_run
@@ -26,7 +27,6 @@ from autotailor.pipeline.selection import SearchSettings, objectives_for
 from autotailor.pipeline.workdir import EvalSettings, eval_data, weights_digest
 from autotailor.predict.latency import LutStore
 from autotailor.settings import merge_settings
-from autotailor.data import BatchLoader, load_data
 from autotailor.tune import TuneConfig, recalibrated, specialize, specialize_config
 from autotailor.tune.evaluate import accuracy as accuracy_of
 
