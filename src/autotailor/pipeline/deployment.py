@@ -115,8 +115,8 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
                             latency_raw_ms=timed.median_ms)
         if data is not None and quantized:
             measured["accuracy"] = _file_accuracy(device.backend.format, files[device.backend.format], data, shape)
-        elif data is not None:
-            measured["accuracy"] = accuracy(net, data.val, shape[-1])
+        elif data is not None:  # the exported one's, measured above when compared
+            measured["accuracy"] = max(compared.values()) if compared else accuracy(net, data.val, shape[-1])
         predicted = {"accuracy": choice.accuracy, **choice.metrics}
         written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
         item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured)
