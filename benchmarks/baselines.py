@@ -24,7 +24,9 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   ``RATIOS``, fine-tuned with the recipe of ``train_base.py`` at the tuning's
   learning rate. Together they get the SuperNet tuning's image-steps (images times networks
   trained on them: 3,128 batches of 64 for 4 SubNets each, per tuning cycle), each ratio a fifth
-  (``NESTDNN_STEPS`` a cycle); their weights are kept in ``benchmarks/artifacts/``.
+  (``NESTDNN_STEPS`` a cycle); their weights are kept in ``benchmarks/artifacts/``. Against the
+  fine-tuned front, NestDNN* at the same cost too: each ratio trained ``fair_steps`` batches more
+  (a fifth of the fine-tuning's image-steps; ``nestdnn_fair_points``).
 - **AdaptiveNet-style** (``adaptivenet.py``): the base model's residual blocks with shrunk,
   merged and skipped variants, the new blocks trained for as many image-steps (``ADAPTIVENET_STEPS``
   batches of one path each a cycle; half branch-wise
@@ -234,12 +236,13 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
                              reverse=largest_first):
         state.reload()  # what the other process finished meanwhile
         done = state.get(model, "alone", key) or {}
-        if done.get("arch") == point["arch"] and "validation" in done:
+        measured = done.get("arch") == point["arch"] and (done.get("steps"), done.get("lr")) == (config.steps, config.lr)
+        if measured and "validation" in done:
             continue
         started, cpu = time.perf_counter(), time.process_time()
         net = specialize(sn, point["arch"], loader, config, folder / "specialized")
         size = sn.input_shape(point["arch"])[-1]
-        if done.get("arch") != point["arch"]:
+        if not measured:
             wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
             done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
                     "wrong": wrong, "steps": config.steps, "lr": config.lr,
@@ -259,7 +262,8 @@ def alone_front(state: State, model: str) -> list[dict]:
     shared, front = state.get(model, "autotailor") or {}, []
     for key, p in (state.get(model, "alone") or {}).items():
         twin = shared.get(key)
-        if twin is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p:
+        if (twin is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p
+                or (p["steps"], p["lr"]) != (ALONE_STEPS, ALONE_LR)):  # fine-tuned with other settings
             continue
         kept = p if p["validation"]["alone"] >= p["validation"]["shared"] else twin
         front.append({**kept, "key": key, "latency_ms": twin["latency_ms"], "fine_tuned": kept is p})
@@ -340,14 +344,68 @@ def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) 
         print(f"{model} NestDNN* {key}: {100 * accuracy:.2f} % at {macs / 1e6:.1f} M MACs", flush=True)
 
 
+def fair_steps(state: State, model: str) -> int:
+    """The batches each NestDNN* ratio trains on top of its cycles so that NestDNN* in all gets as
+    many image-steps as AutoTailor with its chosen SubNets fine-tuned alone (0 before those ran)."""
+    image_steps = sum(p["steps"] for p in _alone_trained(state, model).values()) * tuning_schedules.BATCH
+    return -(-image_steps // (train_base.BATCH * len(RATIOS)))
+
+
+def nestdnn_fair_points(state: State, model: str, data: str, work: Path) -> None:
+    """Each ratio's NestDNN* model trained ``fair_steps`` batches more (a warm restart of its own
+    recipe from its last cycle's weights, kept in ``benchmarks/artifacts/``), then which test
+    images it gets wrong: NestDNN* at the training cost of ``autotailor export --finetune-steps``."""
+    from autotailor.data import BatchLoader, load_data
+
+    extra = fair_steps(state, model)
+    if not extra:
+        return
+    loader = BatchLoader(load_data(f"cifar10:{data}", seed=0)[0], train_base.BATCH, train=True, seed=0)
+    batches, _ = _test_batches(data)
+    for ratio in sorted(RATIOS, reverse=True):  # the smallest models first: the quickest
+        key = f"{ratio:g}"
+        if (state.get(model, "nestdnn_fair", key) or {}).get("extra_steps") == extra:
+            continue
+        net, kept = nestdnn_model(model, ratio, cycles(model)), nestdnn_artifact(model, ratio, cycles(model), extra)
+        started, cpu = time.perf_counter(), time.process_time()
+        if kept.is_file():
+            _load_half(net, kept)
+        else:
+            train_base.train(net, loader, extra, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
+                             f"{model} NestDNN* {key}, {extra} more steps", lr=LR, warmup=WARMUP)
+            torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
+            _load_half(net, kept)  # evaluated as kept, as the other NestDNN* points are
+        wrong = _wrong(net.eval(), batches)
+        point = {"ratio": ratio, "extra_steps": extra, "steps": cycles(model) * NESTDNN_STEPS + extra, "wrong": wrong,
+                 "accuracy": 1 - float(_unpacked(wrong).mean()), "train_cpu_seconds": time.process_time() - cpu,
+                 "train_seconds": time.perf_counter() - started}
+        state.put(point, model, "nestdnn_fair", key)
+        print(f"{model} NestDNN* {key}, {extra} steps more: {100 * point['accuracy']:.2f} %", flush=True)
+
+
+def nestdnn_fair_front(state: State, model: str) -> list[dict]:
+    """NestDNN* at the cost of the fine-tuned front: each ratio's model trained ``fair_steps``
+    more, or, where that lost test accuracy, its weights before (the choice favours the baseline:
+    it is made on the test images); at the latency of the timed twin (the same architecture)."""
+    timed, extra = state.get(model, "nestdnn") or {}, fair_steps(state, model)
+    return [{**max(p, timed[key], key=lambda q: q["accuracy"]), "longer": p["accuracy"] >= timed[key]["accuracy"],
+             "latency_ms": timed[key]["latency_ms"]}
+            for key, p in (state.get(model, "nestdnn_fair") or {}).items()
+            if p["extra_steps"] == extra and "latency_ms" in timed.get(key, {})]
+
+
+def _load_half(net: torch.nn.Module, path: Path) -> None:
+    net.load_state_dict({k: v.float() if v.is_floating_point() else v
+                         for k, v in torch.load(path, map_location="cpu").items()})
+
+
 def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int = NESTDNN_STEPS,
                   work: Path | None = None) -> torch.nn.Module:
     """The NestDNN* model of ``ratio`` after ``cycle`` cycles of fine-tuning, each continuing the
     previous one's weights: its kept weights, else trained (needs ``loader`` and ``work``)."""
     net, kept = pruned(model, ratio), nestdnn_artifact(model, ratio, cycle)
     if kept.is_file():
-        net.load_state_dict({k: v.float() if v.is_floating_point() else v
-                             for k, v in torch.load(kept, map_location="cpu").items()})
+        _load_half(net, kept)
         return net
     if loader is None or work is None:
         raise SystemExit(f"{kept} is missing: run benchmarks/baselines.py --models {model} --train-only")
@@ -359,10 +417,11 @@ def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int 
     return net
 
 
-def nestdnn_artifact(model: str, ratio: float, cycle: int = 1) -> Path:
-    """Where a NestDNN* model's fine-tuned weights are kept (fp16 state dict of ``pruned``)."""
-    return (HERE / "artifacts" /
-            f"{model}_cifar10_nestdnn{ratio:g}_round{ROUND_TO}{'' if cycle == 1 else f'_cycle{cycle}'}.fp16.pt")
+def nestdnn_artifact(model: str, ratio: float, cycle: int = 1, extra: int = 0) -> Path:
+    """Where a NestDNN* model's fine-tuned weights are kept (fp16 state dict of ``pruned``): after
+    ``cycle`` cycles, and ``extra`` steps more."""
+    return (HERE / "artifacts" / f"{model}_cifar10_nestdnn{ratio:g}_round{ROUND_TO}"
+            f"{'' if cycle == 1 else f'_cycle{cycle}'}{f'+{extra}' if extra else ''}.fp16.pt")
 
 
 def _adaptivenet_files(model: str, work: Path, cycle: int) -> tuple[Path, str]:
@@ -580,11 +639,7 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                                     f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
                      "search": f"{search['seconds']:.1f} s, {search['predictions']} predictions, "
                                f"{search['verify_rounds']} verify rounds"})
-    alone: dict[str, dict] = {}  # one per architecture: the budget that trained it (the others loaded it)
-    for p in (state.get(model, "alone") or {}).values():
-        arch = json.dumps(p["arch"], sort_keys=True)
-        if p["train_cpu_seconds"] > alone.get(arch, {}).get("train_cpu_seconds", -1):
-            alone[arch] = p
+    alone = _alone_trained(state, model)
     if alone:
         rows.append({"key": "alone", "method": "AutoTailor's chosen SubNets fine-tuned alone (on top of the above)",
                      "image_steps": sum(p["steps"] for p in alone.values()) * tuning_schedules.BATCH,
@@ -597,6 +652,14 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
     if nest:
         rows.append({"key": "nestdnn", "method": "NestDNN*", "image_steps": sum(p["steps"] for p in nest.values()) * train_base.BATCH,
                      "profiling": "none", "evaluations": f"{len(nest)} pruned models", "search": "none (one model a ratio)"})
+    fair = [p for p in (state.get(model, "nestdnn_fair") or {}).values() if p["extra_steps"] == fair_steps(state, model)]
+    if len(fair) == len(RATIOS):
+        seconds = [p["train_cpu_seconds"] for p in fair]
+        rows.append({"key": "nestdnn_fair", "method": "NestDNN* trained as much as AutoTailor with its fine-tuning",
+                     "image_steps": sum(p["steps"] for p in fair) * train_base.BATCH,
+                     "train_cpu_minutes": f"as NestDNN*, then {sum(seconds) / 60:.0f} ({len(fair)} x "
+                                          f"{min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})",
+                     "profiling": "none", "evaluations": f"{len(fair)} pruned models", "search": "none (one model a ratio)"})
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
     table = state.get(model, "adaptivenet_table") or {}
     if found:
@@ -606,6 +669,18 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                      "search": f"{sum(p['search_cpu_seconds'] for p in found):.0f} CPU-s of Nearby search "
                                "(evaluations included)"})
     return [{"train_cpu_minutes": TRAIN_MINUTES.get((model, r["key"]), "not recorded"), **r} for r in rows]
+
+
+def _alone_trained(state: State, model: str) -> dict[str, dict]:
+    """The SubNets fine-tuned alone with ``ALONE_STEPS`` and ``ALONE_LR``, one per architecture:
+    the budget's point that trained it (the other budgets with that architecture loaded its
+    weights)."""
+    alone: dict[str, dict] = {}
+    for p in (state.get(model, "alone") or {}).values():
+        arch = json.dumps(p["arch"], sort_keys=True)
+        if (p["steps"], p["lr"]) == (ALONE_STEPS, ALONE_LR) and p["train_cpu_seconds"] > alone.get(arch, {}).get("train_cpu_seconds", -1):
+            alone[arch] = p
+    return alone
 
 
 BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
@@ -697,6 +772,23 @@ def report(state: State) -> None:
                           "has): " + ", ".join(
                               f"{k}: {100 * v['accuracy']:.2f} % at {v['macs'] / 1e6:.1f} M MACs"
                               for k, v in state.get(model, "nestdnn_arch").items()) + ".", ""]
+            fair = nestdnn_fair_front(state, model) if method == "nestdnn" else []
+            if fair and alone:
+                fair_rows = compare(alone_front(state, model), fair)
+                summary[model]["nestdnn_fair"] = {**_means(fair_rows), "rows": fair_rows,
+                                                  "extra_steps": fair_steps(state, model)}
+                lines += [f"At the same cost: NestDNN* trained {fair_steps(state, model):,} batches more a ratio (a "
+                          "warm restart of its recipe from the last cycle's weights), so that it gets as many "
+                          "image-steps as AutoTailor with its chosen SubNets fine-tuned alone. Where that lost test "
+                          "accuracy, the weights before are kept (a choice on the test images, in the baseline's "
+                          "favour).", "",
+                          "| NestDNN* ratio | latency | trained longer | kept | AutoTailor with --finetune-steps at "
+                          "equal latency | at equal accuracy |", "|---|---|---|---|---|---|"]
+                lines += [f"| {name(r['baseline'])} | {r['baseline']['latency_ms']:.3f} ms | "
+                          f"{100 * state.get(model, 'nestdnn_fair', name(r['baseline']))['accuracy']:.2f} % | "
+                          f"{100 * r['baseline']['accuracy']:.2f} %{'' if r['baseline']['longer'] else ' (before)'} | "
+                          f"{gain_cell(r)} | {change_cell(r)} |" for r in fair_rows]
+                lines.append("")
         fine_tuned = state.get(model, "alone") or {}
         kept = {p["key"] for p in alone_front(state, model) if p["fine_tuned"]}
         lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs | "
@@ -733,9 +825,10 @@ def _plot(state: State) -> Path:
     fig, axes = plt.subplots(1, len(MODELS), figsize=(6 * len(MODELS), 4.2))
     for ax, model in zip(axes, MODELS):
         fronts = {method: list((state.get(model, method) or {}).values()) for method in METHODS}
-        fronts["alone"] = alone_front(state, model)
+        fronts["alone"], fronts["nestdnn_fair"] = alone_front(state, model), nestdnn_fair_front(state, model)
         labels = {"autotailor": ("AutoTailor (shared weights)", "o-"), "alone": ("AutoTailor, export --finetune-steps", "D-"),
-                  "nestdnn": ("NestDNN*", "s--"), "adaptivenet": ("AdaptiveNet-style", "^:")}
+                  "nestdnn": ("NestDNN*", "s--"), "nestdnn_fair": ("NestDNN* at the cost of --finetune-steps", "x--"),
+                  "adaptivenet": ("AdaptiveNet-style", "^:")}
         for method, (label, style) in labels.items():
             points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in fronts[method] if "latency_ms" in p)
             if points:
@@ -759,9 +852,10 @@ def main() -> None:
     p.add_argument("--train-only", action="store_true",
                    help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
                         "blocks (no latency measured and no report written: for a busy machine)")
-    p.add_argument("--methods", default="nestdnn,adaptivenet,alone",
+    p.add_argument("--methods", default="nestdnn,adaptivenet,alone,nestdnn_fair",
                    help="the baselines to train (--train-only: two processes can train one each) or to measure; "
-                        "alone: AutoTailor's chosen SubNets also fine-tuned alone")
+                        "alone: AutoTailor's chosen SubNets also fine-tuned alone; nestdnn_fair: NestDNN* trained "
+                        "as many image-steps more as that fine-tuning took")
     p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
                    "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
     p.add_argument("--no-timing", action="store_true",
@@ -802,6 +896,8 @@ def main() -> None:
                 nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
             if "adaptivenet" in args.methods.split(","):
                 adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
+            if "nestdnn_fair" in args.methods.split(","):
+                nestdnn_fair_points(state, model, args.data, work)
         return
     if not args.report_only:
         for model in args.models.split(","):
@@ -817,6 +913,8 @@ def main() -> None:
             paired_points(state, model, args.data, work)
             if "alone" in methods:
                 alone_points(state, model, args.data, work, args.alone_largest_first)
+            if "nestdnn_fair" in methods:
+                nestdnn_fair_points(state, model, args.data, work)
     report(state)
 
 
