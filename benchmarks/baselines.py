@@ -259,13 +259,14 @@ def alone_front(state: State, model: str) -> list[dict]:
     alone unless the shared weights' one is more accurate on the validation sample; each
     at the latency its shared-weights twin was timed at (the same architecture: the weights'
     values do not change what runs)."""
+    from autotailor.pipeline.deployment import keeps_finetuned
+
     shared, front = state.get(model, "autotailor") or {}, []
-    for key, p in (state.get(model, "alone") or {}).items():
+    for key, p in _alone(state, model).items():
         twin = shared.get(key)
-        if (twin is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p
-                or (p["steps"], p["lr"]) != (ALONE_STEPS, ALONE_LR)):  # fine-tuned with other settings
+        if twin is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p:
             continue
-        kept = p if p["validation"]["alone"] >= p["validation"]["shared"] else twin
+        kept = p if keeps_finetuned(p["validation"]["alone"], p["validation"]["shared"]) else twin
         front.append({**kept, "key": key, "latency_ms": twin["latency_ms"], "fine_tuned": kept is p})
     return front
 
@@ -671,14 +672,21 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
     return [{"train_cpu_minutes": TRAIN_MINUTES.get((model, r["key"]), "not recorded"), **r} for r in rows]
 
 
+def _alone(state: State, model: str) -> dict[str, dict]:
+    """The budgets' SubNets fine-tuned alone with ``ALONE_STEPS`` and ``ALONE_LR`` (a run with other
+    settings replaces them one by one)."""
+    return {key: p for key, p in (state.get(model, "alone") or {}).items()
+            if (p["steps"], p["lr"]) == (ALONE_STEPS, ALONE_LR)}
+
+
 def _alone_trained(state: State, model: str) -> dict[str, dict]:
     """The SubNets fine-tuned alone with ``ALONE_STEPS`` and ``ALONE_LR``, one per architecture:
     the budget's point that trained it (the other budgets with that architecture loaded its
     weights)."""
     alone: dict[str, dict] = {}
-    for p in (state.get(model, "alone") or {}).values():
+    for p in _alone(state, model).values():
         arch = json.dumps(p["arch"], sort_keys=True)
-        if (p["steps"], p["lr"]) == (ALONE_STEPS, ALONE_LR) and p["train_cpu_seconds"] > alone.get(arch, {}).get("train_cpu_seconds", -1):
+        if p["train_cpu_seconds"] > alone.get(arch, {}).get("train_cpu_seconds", -1):
             alone[arch] = p
     return alone
 
@@ -789,7 +797,7 @@ def report(state: State) -> None:
                           f"{100 * r['baseline']['accuracy']:.2f} %{'' if r['baseline']['longer'] else ' (before)'} | "
                           f"{gain_cell(r)} | {change_cell(r)} |" for r in fair_rows]
                 lines.append("")
-        fine_tuned = state.get(model, "alone") or {}
+        fine_tuned = _alone(state, model)
         kept = {p["key"] for p in alone_front(state, model) if p["fine_tuned"]}
         lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs | "
                   f"fine-tuned alone ({ALONE_STEPS} steps, lr {ALONE_LR:g}) |", "|---|---|---|---|---|---|"]

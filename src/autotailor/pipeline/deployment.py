@@ -63,6 +63,13 @@ class ExportSettings:
             raise ConfigError(f"export.finetune_lr = {self.finetune_lr} is not allowed; expected a positive number")
 
 
+def keeps_finetuned(finetuned: float, shared: float) -> bool:
+    """Whether the export deploys a SubNet fine-tuned alone, of validation accuracy ``finetuned``,
+    in place of its shared weights' one (``shared``): unless that is more accurate; on a tie,
+    what the user asked for."""
+    return finetuned >= shared
+
+
 def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequence[str],
                    data: EvalData | None, device: DeviceSetup | None,
                    on_done: Callable[[Exported], None] | None = None,
@@ -92,7 +99,7 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
             alone = finetuned(arch)
             compared = {"accuracy_finetuned": accuracy(alone, data.val, shape[-1]),
                         "accuracy_shared": accuracy(net, data.val, shape[-1])}
-            if compared["accuracy_finetuned"] >= compared["accuracy_shared"]:  # a tie: what the user asked for
+            if keeps_finetuned(compared["accuracy_finetuned"], compared["accuracy_shared"]):
                 net = alone
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
         quantized = device is not None and device.backend.quantized

@@ -341,7 +341,7 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
     ``settings.formats``, measured on ``device`` (default: the search's; ``"none"``: not timed)
     and on the validation data; writes ``OUT/exports.json`` (``out``: ``work``, or a fleet
     device's folder) and returns the ``Exported`` list."""
-    from autotailor.pipeline.deployment import check_formats, export_choices
+    from autotailor.pipeline.deployment import check_formats, export_choices, keeps_finetuned
     from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.workdir import device_setup
 
@@ -363,7 +363,8 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
                if acc is not None else "")
             + (f"; fine-tuned alone {100 * e.measured['accuracy_finetuned']:.2f} %, shared weights "
                f"{100 * e.measured['accuracy_shared']:.2f} %: exported the "
-               + ("fine-tuned" if e.measured["accuracy_finetuned"] >= e.measured["accuracy_shared"] else "shared")
+               + ("fine-tuned" if keeps_finetuned(e.measured["accuracy_finetuned"], e.measured["accuracy_shared"])
+                  else "shared")
                if "accuracy_finetuned" in e.measured else ""))
 
     finetuned = None
