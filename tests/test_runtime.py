@@ -332,15 +332,16 @@ def test_the_forecast_policy_steps_down_under_a_real_load_and_back_up_when_it_en
     assert _share(recs, t0, 0.5, 1.5, "large") > 0.9, switches
     down = [t for t, s in switches if t >= 1.5 and s != "large"]
     assert down and down[0] < 2.7, switches  # within about a second of the load's start
+    # After the load it comes back up for good, within the quiet period the probes left. That
+    # last switch may come a little before 4.5 s: a probe started as the load winds down passes.
+    assert switches[-1][1] == "large" and down[0] < switches[-1][0] < 7.5, switches
     # While loaded, the largest runs only when the policy probes whether the load has gone: a
     # few inferences each time (counted, not timed: a busy host stretches each), and each failed
     # probe doubles the quiet period before the next.
-    probes = [(t, next((u for u, _ in switches if u > t), 99.0)) for t, s in switches if down[0] < t < 4.5 and s == "large"]
+    probes = [(t, next(u for u, _ in switches if u > t)) for t, s in switches[:-1] if down[0] < t < 4.5 and s == "large"]
     runs = [sum(start <= round(r.start - t0, 2) < end for r in recs) for start, end in probes]
     assert len(probes) <= 3 and all(n <= 6 for n in runs), (switches, runs)
     assert _share(recs, t0, down[0], 4.5, "large") < 0.35, switches
-    up = [t for t, s in switches if t >= 4.5 and s == "large"]
-    assert up and up[0] < 7.5, switches  # after the load, within the quiet period the probes left
     assert _share(recs, t0, 7.5, 8.5, "large") > 0.8, switches
     assert rt.switches <= 10, switches
     stats = rt.stats()
