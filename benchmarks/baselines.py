@@ -93,8 +93,7 @@ RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 ROUND_TO = 8
 NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
 # AutoTailor's chosen SubNets each fine-tuned alone after the search (`autotailor export
-# --finetune-steps`): two epochs each at this peak learning rate (the second gains 0.1-1.1 points
-# over one, docs/tune.md)
+# --finetune-steps`): two epochs each at this peak learning rate (docs/tune.md)
 ALONE_STEPS, ALONE_LR = 2 * tuning_schedules.STEPS_PER_EPOCH, 0.01
 ADAPTIVENET_STEPS = 4 * STEPS
 DEVICE = "ort-cpu:threads=1"
