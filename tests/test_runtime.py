@@ -754,7 +754,7 @@ def test_the_load_harness_runs_its_schedule_and_leaves_no_process_behind(tmp_pat
 
 
 def test_load_processes_stop_by_themselves_when_the_harness_is_killed(tmp_path):
-    code = f"""
+    code = """
 import sys, time
 sys.modules["torch"] = None
 from autotailor.runtime.load import LoadHarness, CpuSchedule
