@@ -25,8 +25,10 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   learning rate. Together they get the SuperNet tuning's image-steps (images times networks
   trained on them: 3,128 batches of 64 for 4 SubNets each, per tuning cycle), each ratio a fifth
   (``NESTDNN_STEPS`` a cycle); their weights are kept in ``benchmarks/artifacts/``. Against the
-  fine-tuned front, NestDNN* at the same cost too: each ratio trained ``fair_steps`` batches more
-  (a fifth of the fine-tuning's image-steps; ``nestdnn_fair_points``).
+  fine-tuned front, NestDNN* at the same cost too (``EQUAL_COSTS``, ``longer_nestdnn_points``),
+  counted two ways: each ratio trained ``fair_steps`` batches more (a fifth of all the chosen
+  SubNets' fine-tuning), or ``each_steps`` (one SubNet's: five NestDNN* models against five
+  fine-tuned SubNets, one a comparison).
 - **AdaptiveNet-style** (``adaptivenet.py``): the base model's residual blocks with shrunk,
   merged and skipped variants, the new blocks trained for as many image-steps (``ADAPTIVENET_STEPS``
   batches of one path each a cycle; half branch-wise
@@ -66,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -355,20 +358,50 @@ def fair_steps(state: State, model: str) -> int:
     return -(-image_steps // (train_base.BATCH * len(RATIOS)))
 
 
-def nestdnn_fair_points(state: State, model: str, data: str, work: Path) -> None:
-    """Each ratio's NestDNN* model trained ``fair_steps`` batches more (a warm restart of its own
-    recipe from its last cycle's weights, kept in ``benchmarks/artifacts/``), then which test
-    images it gets wrong: NestDNN* at the training cost of ``autotailor export --finetune-steps``."""
+def each_steps(state: State, model: str) -> int:
+    """The batches each NestDNN* ratio trains on top of its cycles so that NestDNN*'s five models
+    cost what five of AutoTailor's fine-tuned SubNets do: one SubNet's ``ALONE_STEPS`` (0 before
+    the search chose any)."""
+    return ALONE_STEPS if state.get(model, "autotailor") else 0
+
+
+@dataclass(frozen=True)
+class EqualCost:
+    """A way to give NestDNN* the training AutoTailor's ``--finetune-steps`` adds: each ratio's
+    model trained ``extra_steps(state, model)`` batches more, reported as ``label``."""
+    label: str
+    explanation: str
+    extra_steps: Callable[[State, str], int]
+
+
+# the state key of NestDNN* trained longer -> how much longer; `--methods` names them
+EQUAL_COSTS = {
+    "nestdnn_fair": EqualCost(
+        "NestDNN* at the cost of every fine-tuned SubNet",
+        "so that its five models get as many image-steps as AutoTailor with all its chosen SubNets fine-tuned alone",
+        fair_steps),
+    "nestdnn_each": EqualCost(
+        "NestDNN* at the cost of one fine-tuned SubNet a model",
+        "as many as one chosen SubNet's fine-tuning: its five models then cost what the SuperNet's tuning and five "
+        "fine-tuned SubNets cost, one for each NestDNN* model compared",
+        each_steps),
+}
+
+
+def longer_nestdnn_points(state: State, model: str, data: str, work: Path, method: str) -> None:
+    """Each ratio's NestDNN* model trained ``EQUAL_COSTS[method]``'s batches more (a warm restart of
+    its own recipe from its last cycle's weights, kept in ``benchmarks/artifacts/``), then which
+    test images it gets wrong."""
     from autotailor.data import BatchLoader, load_data
 
-    extra = fair_steps(state, model)
+    extra = EQUAL_COSTS[method].extra_steps(state, model)
     if not extra:
         return
     loader = BatchLoader(load_data(f"cifar10:{data}", seed=0)[0], train_base.BATCH, train=True, seed=0)
     batches, _ = _test_batches(data)
     for ratio in sorted(RATIOS, reverse=True):  # the smallest models first: the quickest
         key = f"{ratio:g}"
-        if (state.get(model, "nestdnn_fair", key) or {}).get("extra_steps") == extra:
+        if (state.get(model, method, key) or {}).get("extra_steps") == extra:
             continue
         net, kept = nestdnn_model(model, ratio, cycles(model)), nestdnn_artifact(model, ratio, cycles(model), extra)
         started, cpu = time.perf_counter(), time.process_time()
@@ -383,18 +416,18 @@ def nestdnn_fair_points(state: State, model: str, data: str, work: Path) -> None
         point = {"ratio": ratio, "extra_steps": extra, "steps": cycles(model) * NESTDNN_STEPS + extra, "wrong": wrong,
                  "accuracy": 1 - float(_unpacked(wrong).mean()), "train_cpu_seconds": time.process_time() - cpu,
                  "train_seconds": time.perf_counter() - started}
-        state.put(point, model, "nestdnn_fair", key)
+        state.put(point, model, method, key)
         print(f"{model} NestDNN* {key}, {extra} steps more: {100 * point['accuracy']:.2f} %", flush=True)
 
 
-def nestdnn_fair_front(state: State, model: str) -> list[dict]:
-    """NestDNN* at the cost of the fine-tuned front: each ratio's model trained ``fair_steps``
-    more, or, where that lost test accuracy, its weights before (the choice favours the baseline:
-    it is made on the test images); at the latency of the timed twin (the same architecture)."""
-    timed, extra = state.get(model, "nestdnn") or {}, fair_steps(state, model)
+def longer_nestdnn_front(state: State, model: str, method: str) -> list[dict]:
+    """NestDNN* trained ``EQUAL_COSTS[method]``'s batches more: each ratio's model, or, where that
+    lost test accuracy, its weights before (the choice favours the baseline: it is made on the
+    test images); at the latency of the timed twin (the same architecture)."""
+    timed, extra = state.get(model, "nestdnn") or {}, EQUAL_COSTS[method].extra_steps(state, model)
     return [{**max(p, timed[key], key=lambda q: q["accuracy"]), "longer": p["accuracy"] >= timed[key]["accuracy"],
              "latency_ms": timed[key]["latency_ms"]}
-            for key, p in (state.get(model, "nestdnn_fair") or {}).items()
+            for key, p in (state.get(model, method) or {}).items()
             if p["extra_steps"] == extra and "latency_ms" in timed.get(key, {})]
 
 
@@ -656,14 +689,17 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
     if nest:
         rows.append({"key": "nestdnn", "method": "NestDNN*", "image_steps": sum(p["steps"] for p in nest.values()) * train_base.BATCH,
                      "profiling": "none", "evaluations": f"{len(nest)} pruned models", "search": "none (one model a ratio)"})
-    fair = [p for p in (state.get(model, "nestdnn_fair") or {}).values() if p["extra_steps"] == fair_steps(state, model)]
-    if len(fair) == len(RATIOS):
-        seconds = [p["train_cpu_seconds"] for p in fair]
-        rows.append({"key": "nestdnn_fair", "method": "NestDNN* trained as much as AutoTailor with its fine-tuning",
-                     "image_steps": sum(p["steps"] for p in fair) * train_base.BATCH,
-                     "train_cpu_minutes": f"as NestDNN*, then {sum(seconds) / 60:.0f} ({len(fair)} x "
-                                          f"{min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})",
-                     "profiling": "none", "evaluations": f"{len(fair)} pruned models", "search": "none (one model a ratio)"})
+    for method, rule in EQUAL_COSTS.items():
+        extra = rule.extra_steps(state, model)
+        longer = [p for p in (state.get(model, method) or {}).values() if p["extra_steps"] == extra]
+        if len(longer) == len(RATIOS):
+            seconds = [p["train_cpu_seconds"] for p in longer]
+            rows.append({"key": method, "method": f"{rule.label} ({extra:,} batches more a model)",
+                         "image_steps": sum(p["steps"] for p in longer) * train_base.BATCH,
+                         "train_cpu_minutes": f"as NestDNN*, then {sum(seconds) / 60:.0f} ({len(longer)} x "
+                                              f"{min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})",
+                         "profiling": "none", "evaluations": f"{len(longer)} pruned models",
+                         "search": "none (one model a ratio)"})
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
     table = state.get(model, "adaptivenet_table") or {}
     if found:
@@ -783,20 +819,20 @@ def report(state: State) -> None:
                           "has): " + ", ".join(
                               f"{k}: {100 * v['accuracy']:.2f} % at {v['macs'] / 1e6:.1f} M MACs"
                               for k, v in state.get(model, "nestdnn_arch").items()) + ".", ""]
-            fair = nestdnn_fair_front(state, model) if method == "nestdnn" else []
-            if fair and alone:
-                fair_rows = compare(alone_front(state, model), fair)
-                summary[model]["nestdnn_fair"] = {**_means(fair_rows), "rows": fair_rows,
-                                                  "extra_steps": fair_steps(state, model)}
-                lines += [f"At the same cost: NestDNN* trained {fair_steps(state, model):,} batches more a ratio (a "
-                          "warm restart of its recipe from the last cycle's weights), so that it gets as many "
-                          "image-steps as AutoTailor with its chosen SubNets fine-tuned alone. Where that lost test "
+            for longer, rule in EQUAL_COSTS.items():
+                fair_rows = compare(alone_front(state, model), longer_nestdnn_front(state, model, longer))
+                if method != "nestdnn" or not alone or not fair_rows:
+                    continue
+                extra = rule.extra_steps(state, model)
+                summary[model][longer] = {**_means(fair_rows), "rows": fair_rows, "extra_steps": extra}
+                lines += [f"{rule.label}: NestDNN* trained {extra:,} batches more a ratio (a warm restart of its "
+                          f"recipe from the last cycle's weights), {rule.explanation}. Where that lost test "
                           "accuracy, the weights before are kept (a choice on the test images, in the baseline's "
                           "favour).", "",
                           "| NestDNN* ratio | latency | trained longer | kept | AutoTailor with --finetune-steps at "
                           "equal latency | at equal accuracy |", "|---|---|---|---|---|---|"]
                 lines += [f"| {name(r['baseline'])} | {r['baseline']['latency_ms']:.3f} ms | "
-                          f"{100 * state.get(model, 'nestdnn_fair', name(r['baseline']))['accuracy']:.2f} % | "
+                          f"{100 * state.get(model, longer, name(r['baseline']))['accuracy']:.2f} % | "
                           f"{100 * r['baseline']['accuracy']:.2f} %{'' if r['baseline']['longer'] else ' (before)'} | "
                           f"{gain_cell(r)} | {change_cell(r)} |" for r in fair_rows]
                 lines.append("")
@@ -836,10 +872,11 @@ def _plot(state: State) -> Path:
     fig, axes = plt.subplots(1, len(MODELS), figsize=(6 * len(MODELS), 4.2))
     for ax, model in zip(axes, MODELS):
         fronts = {method: list((state.get(model, method) or {}).values()) for method in METHODS}
-        fronts["alone"], fronts["nestdnn_fair"] = alone_front(state, model), nestdnn_fair_front(state, model)
+        fronts["alone"] = alone_front(state, model)
+        fronts.update({method: longer_nestdnn_front(state, model, method) for method in EQUAL_COSTS})
         labels = {"autotailor": ("AutoTailor (shared weights)", "o-"), "alone": ("AutoTailor, export --finetune-steps", "D-"),
-                  "nestdnn": ("NestDNN*", "s--"), "nestdnn_fair": ("NestDNN* at the cost of --finetune-steps", "x--"),
-                  "adaptivenet": ("AdaptiveNet-style", "^:")}
+                  "nestdnn": ("NestDNN*", "s--"), "nestdnn_fair": (EQUAL_COSTS["nestdnn_fair"].label, "x--"),
+                  "nestdnn_each": (EQUAL_COSTS["nestdnn_each"].label, "+--"), "adaptivenet": ("AdaptiveNet-style", "^:")}
         for method, (label, style) in labels.items():
             points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in fronts[method] if "latency_ms" in p)
             if points:
@@ -863,10 +900,11 @@ def main() -> None:
     p.add_argument("--train-only", action="store_true",
                    help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
                         "blocks (no latency measured and no report written: for a busy machine)")
-    p.add_argument("--methods", default="nestdnn,adaptivenet,alone,nestdnn_fair",
+    p.add_argument("--methods", default=",".join(["nestdnn", "adaptivenet", "alone", *EQUAL_COSTS]),
                    help="the baselines to train (--train-only: two processes can train one each) or to measure; "
                         "alone: AutoTailor's chosen SubNets also fine-tuned alone; nestdnn_fair: NestDNN* trained "
-                        "as many image-steps more as that fine-tuning took")
+                        "as many image-steps more as that fine-tuning took in all; nestdnn_each: each NestDNN* "
+                        "model as many as one SubNet's")
     p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
                    "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
     p.add_argument("--no-timing", action="store_true",
@@ -907,8 +945,8 @@ def main() -> None:
                 nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
             if "adaptivenet" in args.methods.split(","):
                 adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
-            if "nestdnn_fair" in args.methods.split(","):
-                nestdnn_fair_points(state, model, args.data, work)
+            for method in EQUAL_COSTS.keys() & set(args.methods.split(",")):
+                longer_nestdnn_points(state, model, args.data, work, method)
         return
     if not args.report_only:
         for model in args.models.split(","):
@@ -924,8 +962,8 @@ def main() -> None:
             paired_points(state, model, args.data, work)
             if "alone" in methods:
                 alone_points(state, model, args.data, work, args.alone_largest_first)
-            if "nestdnn_fair" in methods:
-                nestdnn_fair_points(state, model, args.data, work)
+            for method in EQUAL_COSTS.keys() & set(methods):
+                longer_nestdnn_points(state, model, args.data, work, method)
     report(state)
 
 

@@ -75,8 +75,9 @@ def measure(state: State, model: str, work: Path, rounds: int, tmp: Path) -> dic
     points["alone"] = [{**p, **{k: twins[p["key"]][k] for k in ("latency_ms", "latency_ratio", "ratio_mad")}}
                        for p in baselines.alone_front(state, model)]
     twins = {p["key"]: p for p in points["nestdnn"]}  # trained longer: the same pruned architecture
-    points["nestdnn_fair"] = [{**p, **{k: twins[f"{p['ratio']:g}"][k] for k in ("latency_ms", "latency_ratio", "ratio_mad")}}
-                              for p in baselines.nestdnn_fair_front(state, model)]
+    for method in baselines.EQUAL_COSTS:
+        points[method] = [{**p, **{k: twins[f"{p['ratio']:g}"][k] for k in ("latency_ms", "latency_ratio", "ratio_mad")}}
+                          for p in baselines.longer_nestdnn_front(state, model, method)]
     return {"largest_ms": largest_ms, **points}
 
 
@@ -117,11 +118,13 @@ def main() -> None:
                              f"{100 * b['accuracy']:.2f} % | "
                              + " | ".join(f"{baselines.gain_cell(c)} | {baselines.change_cell(c)}"
                                           for c in [r, *alone[i:i + 1]]) + " |")
-            if got["nestdnn_fair"] and got["alone"]:
-                fair = baselines.compare(got["alone"], got["nestdnn_fair"])
-                got["rows_fair"] = [{k: v for k, v in r.items() if k != "baseline"} | {"ratio": r["baseline"]["ratio"]}
-                                    for r in fair]
-                lines += ["", f"At the same cost: NestDNN* trained {baselines.fair_steps(state, model):,} batches more "
+            for method, rule in baselines.EQUAL_COSTS.items():
+                if not got[method] or not got["alone"]:
+                    continue
+                fair = baselines.compare(got["alone"], got[method])
+                got[f"rows_{method}"] = [{k: v for k, v in r.items() if k != "baseline"}
+                                         | {"ratio": r["baseline"]["ratio"]} for r in fair]
+                lines += ["", f"{rule.label}: NestDNN* trained {rule.extra_steps(state, model):,} batches more "
                           "a ratio, as in `baselines.md`.", "",
                           "| NestDNN* ratio | latency | accuracy | AutoTailor with --finetune-steps at equal latency | "
                           "at equal accuracy |", "|---|---|---|---|---|"]
@@ -139,7 +142,7 @@ def main() -> None:
                       for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
             lines.append("")
     for got in results.values():  # the JSON keeps what was timed, not the test images' error masks
-        for p in got["autotailor"] + got["nestdnn"] + got["alone"] + got["nestdnn_fair"]:
+        for p in (p for method in ("autotailor", "nestdnn", "alone", *baselines.EQUAL_COSTS) for p in got[method]):
             p.pop("wrong", None)
     write_results(HERE / "results", "baselines_paired",
                   {"machine": m, "commit": head_commit(), "command": command, "models": results},
