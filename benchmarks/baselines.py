@@ -27,8 +27,8 @@ For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``trai
   (``NESTDNN_STEPS`` a cycle); their weights are kept in ``benchmarks/artifacts/``. Against the
   fine-tuned front, NestDNN* at the same cost too (``EQUAL_COSTS``, ``longer_nestdnn_points``),
   counted two ways: each ratio trained ``fair_steps`` batches more (a fifth of all the chosen
-  SubNets' fine-tuning), or ``each_steps`` (one SubNet's: five NestDNN* models against five
-  fine-tuned SubNets, one a comparison).
+  SubNets' fine-tuning), or ``each_steps`` at the SubNets' learning rate (one SubNet's
+  fine-tuning: five NestDNN* models against five fine-tuned SubNets, one a comparison).
 - **AdaptiveNet-style** (``adaptivenet.py``): the base model's residual blocks with shrunk,
   merged and skipped variants, the new blocks trained for as many image-steps (``ADAPTIVENET_STEPS``
   batches of one path each a cycle; half branch-wise
@@ -368,10 +368,17 @@ def each_steps(state: State, model: str) -> int:
 @dataclass(frozen=True)
 class EqualCost:
     """A way to give NestDNN* the training AutoTailor's ``--finetune-steps`` adds: each ratio's
-    model trained ``extra_steps(state, model)`` batches more, reported as ``label``."""
+    model trained ``extra_steps(state, model)`` batches more at peak learning rate ``lr``,
+    reported as ``label``."""
     label: str
     explanation: str
     extra_steps: Callable[[State, str], int]
+    lr: float
+
+    def matches(self, point: dict, extra: int) -> bool:
+        """Whether a stored point was trained by this rule (points from before ``lr`` was kept
+        were trained at the tuning's ``LR``)."""
+        return point["extra_steps"] == extra and point.get("lr", LR) == self.lr
 
 
 # the state key of NestDNN* trained longer -> how much longer; `--methods` names them
@@ -379,12 +386,12 @@ EQUAL_COSTS = {
     "nestdnn_fair": EqualCost(
         "NestDNN* at the cost of every fine-tuned SubNet",
         "so that its five models get as many image-steps as AutoTailor with all its chosen SubNets fine-tuned alone",
-        fair_steps),
+        fair_steps, LR),
     "nestdnn_each": EqualCost(
         "NestDNN* at the cost of one fine-tuned SubNet a model",
-        "as many as one chosen SubNet's fine-tuning: its five models then cost what the SuperNet's tuning and five "
-        "fine-tuned SubNets cost, one for each NestDNN* model compared",
-        each_steps),
+        "as many as one chosen SubNet's fine-tuning and at its peak learning rate: its five models then cost what the "
+        "SuperNet's tuning and five fine-tuned SubNets cost, one for each NestDNN* model compared",
+        each_steps, ALONE_LR),
 }
 
 
@@ -394,26 +401,29 @@ def longer_nestdnn_points(state: State, model: str, data: str, work: Path, metho
     test images it gets wrong."""
     from autotailor.data import BatchLoader, load_data
 
-    extra = EQUAL_COSTS[method].extra_steps(state, model)
+    rule = EQUAL_COSTS[method]
+    extra = rule.extra_steps(state, model)
     if not extra:
         return
     loader = BatchLoader(load_data(f"cifar10:{data}", seed=0)[0], train_base.BATCH, train=True, seed=0)
     batches, _ = _test_batches(data)
     for ratio in sorted(RATIOS, reverse=True):  # the smallest models first: the quickest
         key = f"{ratio:g}"
-        if (state.get(model, method, key) or {}).get("extra_steps") == extra:
+        done = state.get(model, method, key)
+        if done and rule.matches(done, extra):
             continue
-        net, kept = nestdnn_model(model, ratio, cycles(model)), nestdnn_artifact(model, ratio, cycles(model), extra)
+        net = nestdnn_model(model, ratio, cycles(model))
+        kept = nestdnn_artifact(model, ratio, cycles(model), extra, rule.lr)
         started, cpu = time.perf_counter(), time.process_time()
         if kept.is_file():
             _load_half(net, kept)
         else:
             train_base.train(net, loader, extra, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
-                             f"{model} NestDNN* {key}, {extra} more steps", lr=LR, warmup=WARMUP)
+                             f"{model} NestDNN* {key}, {extra} more steps", lr=rule.lr, warmup=WARMUP)
             torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
             _load_half(net, kept)  # evaluated as kept, as the other NestDNN* points are
         wrong = _wrong(net.eval(), batches)
-        point = {"ratio": ratio, "extra_steps": extra, "steps": cycles(model) * NESTDNN_STEPS + extra, "wrong": wrong,
+        point = {"ratio": ratio, "extra_steps": extra, "lr": rule.lr, "steps": cycles(model) * NESTDNN_STEPS + extra, "wrong": wrong,
                  "accuracy": 1 - float(_unpacked(wrong).mean()), "train_cpu_seconds": time.process_time() - cpu,
                  "train_seconds": time.perf_counter() - started}
         state.put(point, model, method, key)
@@ -424,11 +434,12 @@ def longer_nestdnn_front(state: State, model: str, method: str) -> list[dict]:
     """NestDNN* trained ``EQUAL_COSTS[method]``'s batches more: each ratio's model, or, where that
     lost test accuracy, its weights before (the choice favours the baseline: it is made on the
     test images); at the latency of the timed twin (the same architecture)."""
-    timed, extra = state.get(model, "nestdnn") or {}, EQUAL_COSTS[method].extra_steps(state, model)
+    rule, timed = EQUAL_COSTS[method], state.get(model, "nestdnn") or {}
+    extra = rule.extra_steps(state, model)
     return [{**max(p, timed[key], key=lambda q: q["accuracy"]), "longer": p["accuracy"] >= timed[key]["accuracy"],
              "latency_ms": timed[key]["latency_ms"]}
             for key, p in (state.get(model, method) or {}).items()
-            if p["extra_steps"] == extra and "latency_ms" in timed.get(key, {})]
+            if rule.matches(p, extra) and "latency_ms" in timed.get(key, {})]
 
 
 def _load_half(net: torch.nn.Module, path: Path) -> None:
@@ -454,11 +465,12 @@ def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int 
     return net
 
 
-def nestdnn_artifact(model: str, ratio: float, cycle: int = 1, extra: int = 0) -> Path:
+def nestdnn_artifact(model: str, ratio: float, cycle: int = 1, extra: int = 0, lr: float = LR) -> Path:
     """Where a NestDNN* model's fine-tuned weights are kept (fp16 state dict of ``pruned``): after
-    ``cycle`` cycles, and ``extra`` steps more."""
+    ``cycle`` cycles, and ``extra`` steps more at peak learning rate ``lr``."""
+    more = f"+{extra}{'' if lr == LR else f'lr{lr:g}'}" if extra else ""
     return (HERE / "artifacts" / f"{model}_cifar10_nestdnn{ratio:g}_round{ROUND_TO}"
-            f"{'' if cycle == 1 else f'_cycle{cycle}'}{f'+{extra}' if extra else ''}.fp16.pt")
+            f"{'' if cycle == 1 else f'_cycle{cycle}'}{more}.fp16.pt")
 
 
 def _adaptivenet_files(model: str, work: Path, cycle: int) -> tuple[Path, str]:
@@ -691,10 +703,10 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                      "profiling": "none", "evaluations": f"{len(nest)} pruned models", "search": "none (one model a ratio)"})
     for method, rule in EQUAL_COSTS.items():
         extra = rule.extra_steps(state, model)
-        longer = [p for p in (state.get(model, method) or {}).values() if p["extra_steps"] == extra]
+        longer = [p for p in (state.get(model, method) or {}).values() if rule.matches(p, extra)]
         if len(longer) == len(RATIOS):
             seconds = [p["train_cpu_seconds"] for p in longer]
-            rows.append({"key": method, "method": f"{rule.label} ({extra:,} batches more a model)",
+            rows.append({"key": method, "method": f"{rule.label} ({extra:,} batches more a model, lr {rule.lr:g})",
                          "image_steps": sum(p["steps"] for p in longer) * train_base.BATCH,
                          "train_cpu_minutes": f"as NestDNN*, then {sum(seconds) / 60:.0f} ({len(longer)} x "
                                               f"{min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})",
@@ -826,7 +838,7 @@ def report(state: State) -> None:
                 extra = rule.extra_steps(state, model)
                 summary[model][longer] = {**_means(fair_rows), "rows": fair_rows, "extra_steps": extra}
                 lines += [f"{rule.label}: NestDNN* trained {extra:,} batches more a ratio (a warm restart of its "
-                          f"recipe from the last cycle's weights), {rule.explanation}. Where that lost test "
+                          f"recipe at peak learning rate {rule.lr:g} from the last cycle's weights), {rule.explanation}. Where that lost test "
                           "accuracy, the weights before are kept (a choice on the test images, in the baseline's "
                           "favour).", "",
                           "| NestDNN* ratio | latency | trained longer | kept | AutoTailor with --finetune-steps at "
