@@ -397,7 +397,7 @@ EQUAL_COSTS = {
 
 def longer_nestdnn_points(state: State, model: str, data: str, work: Path, method: str) -> None:
     """Each ratio's NestDNN* model trained ``EQUAL_COSTS[method]``'s batches more (a warm restart of
-    its own recipe from its last cycle's weights, kept in ``benchmarks/artifacts/``), then which
+    its own recipe at the rule's learning rate from its last cycle's weights, kept in ``benchmarks/artifacts/``), then which
     test images it gets wrong."""
     from autotailor.data import BatchLoader, load_data
 
@@ -423,8 +423,8 @@ def longer_nestdnn_points(state: State, model: str, data: str, work: Path, metho
             torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
             _load_half(net, kept)  # evaluated as kept, as the other NestDNN* points are
         wrong = _wrong(net.eval(), batches)
-        point = {"ratio": ratio, "extra_steps": extra, "lr": rule.lr, "steps": cycles(model) * NESTDNN_STEPS + extra, "wrong": wrong,
-                 "accuracy": 1 - float(_unpacked(wrong).mean()), "train_cpu_seconds": time.process_time() - cpu,
+        point = {"ratio": ratio, "extra_steps": extra, "lr": rule.lr, "steps": cycles(model) * NESTDNN_STEPS + extra,
+                 "wrong": wrong, "accuracy": 1 - float(_unpacked(wrong).mean()), "train_cpu_seconds": time.process_time() - cpu,
                  "train_seconds": time.perf_counter() - started}
         state.put(point, model, method, key)
         print(f"{model} NestDNN* {key}, {extra} steps more: {100 * point['accuracy']:.2f} %", flush=True)
@@ -831,16 +831,17 @@ def report(state: State) -> None:
                           "has): " + ", ".join(
                               f"{k}: {100 * v['accuracy']:.2f} % at {v['macs'] / 1e6:.1f} M MACs"
                               for k, v in state.get(model, "nestdnn_arch").items()) + ".", ""]
-            for longer, rule in EQUAL_COSTS.items():
+            longer_rules = EQUAL_COSTS.items() if method == "nestdnn" and alone else ()  # set against the fine-tuned front
+            for longer, rule in longer_rules:
                 fair_rows = compare(alone_front(state, model), longer_nestdnn_front(state, model, longer))
-                if method != "nestdnn" or not alone or not fair_rows:
+                if not fair_rows:
                     continue
                 extra = rule.extra_steps(state, model)
                 summary[model][longer] = {**_means(fair_rows), "rows": fair_rows, "extra_steps": extra}
                 lines += [f"{rule.label}: NestDNN* trained {extra:,} batches more a ratio (a warm restart of its "
-                          f"recipe at peak learning rate {rule.lr:g} from the last cycle's weights), {rule.explanation}. Where that lost test "
-                          "accuracy, the weights before are kept (a choice on the test images, in the baseline's "
-                          "favour).", "",
+                          f"recipe at peak learning rate {rule.lr:g} from the last cycle's weights), "
+                          f"{rule.explanation}. Where that lost test accuracy, the weights before are kept (a choice "
+                          "on the test images, in the baseline's favour).", "",
                           "| NestDNN* ratio | latency | trained longer | kept | AutoTailor with --finetune-steps at "
                           "equal latency | at equal accuracy |", "|---|---|---|---|---|---|"]
                 lines += [f"| {name(r['baseline'])} | {r['baseline']['latency_ms']:.3f} ms | "
