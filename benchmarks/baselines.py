@@ -226,6 +226,7 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
     from autotailor.pipeline.workdir import EvalSettings
     from autotailor.tune import evaluate, specialize, specialize_config
     from autotailor.tune.evaluate import accuracy
+    from autotailor.tune.specialize import specialized_path
 
     folder = work / model / "autotailor"
     sn = at.load(folder)
@@ -243,7 +244,11 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
         if measured and "validation" in done:
             continue
         started, cpu = time.perf_counter(), time.process_time()
+        path = specialized_path(sn, point["arch"], config, folder / "specialized")
+        _from_artifact(model, path)
         net = specialize(sn, point["arch"], loader, config, folder / "specialized")
+        if time.process_time() - cpu > KEEP_CPU_SECONDS:
+            _to_artifact(model, path)
         size = sn.input_shape(point["arch"])[-1]
         if not measured:
             wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
@@ -255,6 +260,33 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
         state.put(done, model, "alone", key)
         print(f"{model} AutoTailor {key}, fine-tuned alone: {100 * done['accuracy']:.2f} % "
               f"(shared weights {100 * point['accuracy']:.2f} %)", flush=True)
+
+
+# a SubNet fine-tuned alone for longer than this is kept in benchmarks/artifacts (fp16), as every
+# weight that took over ~20 minutes to make
+KEEP_CPU_SECONDS = 20 * 60
+
+
+def _subnet_artifact(model: str, path: Path) -> Path:
+    return HERE / "artifacts" / f"{model}_cifar10_alone_{path.stem}.fp16.pt"
+
+
+def _from_artifact(model: str, path: Path) -> None:
+    """The fine-tuned SubNet ``specialize`` would write to ``path``, from its fp16 artifact if
+    one is kept and the work directory lacks it."""
+    kept = _subnet_artifact(model, path)
+    if path.is_file() or not kept.is_file():
+        return
+    saved = torch.load(kept, map_location="cpu")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**saved, "state_dict": {k: v.float() if v.is_floating_point() else v
+                                        for k, v in saved["state_dict"].items()}}, path)
+
+
+def _to_artifact(model: str, path: Path) -> None:
+    saved = torch.load(path, map_location="cpu")
+    torch.save({**saved, "state_dict": {k: v.half() if v.is_floating_point() else v
+                                        for k, v in saved["state_dict"].items()}}, _subnet_artifact(model, path))
 
 
 def alone_front(state: State, model: str) -> list[dict]:
