@@ -3,6 +3,7 @@
 ``autotailor compile cifar_models:resnet18 --input-size 32`` with ``benchmarks/`` on PYTHONPATH.
 """
 
+import json
 from pathlib import Path
 
 import torch
@@ -45,12 +46,13 @@ ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
 
 def trained(name: str) -> nn.Module:
-    """``name`` with the CIFAR-10 weights ``benchmarks/train_base.py`` made
-    (``benchmarks/artifacts/NAME_cifar10.fp16.pt``), in float32."""
+    """The CIFAR-10 weights ``benchmarks/train_base.py`` made under ``name`` (a model's name, or
+    the ``--name`` of a run: ``benchmarks/artifacts/NAME_cifar10.fp16.pt``), in float32."""
     path = ARTIFACTS / f"{name}_cifar10.fp16.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; make it with: python benchmarks/train_base.py --model {name}")
-    model = MODELS[name]()
+    arch = name if name in MODELS else json.loads((ARTIFACTS / f"{name}_cifar10.json").read_text())["model"]
+    model = MODELS[arch]()
     model.load_state_dict({k: v.float() if v.is_floating_point() else v
                            for k, v in torch.load(path, map_location="cpu").items()})
     return model.eval()

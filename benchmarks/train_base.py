@@ -5,6 +5,7 @@ Reproduce (from the repository root, after `make install`; hours on 2 cores, res
     .venv/bin/python benchmarks/train_base.py --model resnet18 --epochs 10 --threads 1
     .venv/bin/python benchmarks/train_base.py --model mobilenet_v2 --epochs 10 --threads 1
     .venv/bin/python benchmarks/train_base.py --model vit_c32 --epochs 30 --threads 1
+    .venv/bin/python benchmarks/train_base.py --model mobilenet_v2 --epochs 60 --name mobilenet_v2_e60 --threads 1
 
 A base model is what a user brings to AutoTailor: a plain trained classifier
 (``benchmarks/cifar_models.py``), trained here with plain PyTorch, not through AutoTailor, so
@@ -23,7 +24,8 @@ later session, whose work directory is gone, resumes from it (fp16 rounding of t
 momentum is the only difference from an uninterrupted run). When training ends, the weights
 go to ``benchmarks/artifacts/NAME_cifar10.fp16.pt`` with their test accuracy, the partial
 checkpoint artifacts are deleted, and a line is added to ``benchmarks/artifacts/README.md``.
-``cifar_models.trained(NAME)`` loads the result.
+``cifar_models.trained(NAME)`` loads the result. ``--name`` keeps a longer run's weights apart
+from the ones the benchmarks were made on (``NAME_cifar10.json`` records the model).
 """
 
 from __future__ import annotations
@@ -209,6 +211,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, choices=sorted(cifar_models.MODELS))
     p.add_argument("--epochs", type=float, default=10)
+    p.add_argument("--name", help="the artifacts' name (default: the model's); give a new one to train another "
+                                  "recipe or length without replacing the weights the benchmarks use")
     p.add_argument("--data", default=default_cifar10(), help="directory with train.zip and test.zip")
     p.add_argument("--work", default=str(HERE / "work" / "train_base"))
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -220,11 +224,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    ckpt_path = work / f"{args.model}.ckpt"
+    name = args.name or args.model
+    ckpt_path = work / f"{name}.ckpt"
     if args.snapshot:
         if not ckpt_path.is_file():
             raise SystemExit(f"no checkpoint at {ckpt_path} to snapshot")
-        for path in snapshot(args.model, torch.load(ckpt_path, map_location="cpu")):
+        for path in snapshot(name, torch.load(ckpt_path, map_location="cpu")):
             print(path)
         return
 
@@ -236,24 +241,25 @@ def main() -> None:
     torch.manual_seed(0)
     model = cifar_models.MODELS[args.model]()
     recipe = RECIPES[MODEL_RECIPES.get(args.model, "sgd")]
-    train(model, loader, steps, ckpt_path, args.checkpoint_every, args.model, from_snapshot(args.model), recipe=recipe)
+    train(model, loader, steps, ckpt_path, args.checkpoint_every, name, from_snapshot(name), recipe=recipe)
 
     accuracy = evaluate(model, val)
-    out = ARTIFACTS / f"{args.model}_cifar10.fp16.pt"
+    out = ARTIFACTS / f"{name}_cifar10.fp16.pt"
     ARTIFACTS.mkdir(exist_ok=True)
     atomic_torch_save({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}, out)
-    (ARTIFACTS / f"{args.model}_cifar10.json").write_text(json.dumps(
+    (ARTIFACTS / f"{name}_cifar10.json").write_text(json.dumps(
         {"model": args.model, "epochs": args.epochs, "steps": steps, "batch": BATCH,
          "test_accuracy": accuracy, "commit": commit_of_head()}, indent=1) + "\n")
-    for part in ARTIFACTS.glob(f"{args.model}_cifar10.ckpt*.pt"):
+    for part in ARTIFACTS.glob(f"{name}_cifar10.ckpt*.pt"):
         part.unlink()
-    line = (f"- `{out.name}`: `python benchmarks/train_base.py --model {args.model} --epochs {args.epochs:g}` "
+    flag = f" --name {name}" if args.name else ""
+    line = (f"- `{out.name}`: `python benchmarks/train_base.py --model {args.model} --epochs {args.epochs:g}{flag}` "
             f"at commit {commit_of_head()}; {100 * accuracy:.2f} % on the 10,000 CIFAR-10 test images.\n")
     readme = ARTIFACTS / "README.md"
     kept = [l for l in readme.read_text().splitlines(keepends=True) if f"`{out.name}`" not in l] \
         if readme.is_file() else []
     readme.write_text("".join(kept) + line)
-    print(f"{args.model}: {100 * accuracy:.2f} % test accuracy; weights in {out}")
+    print(f"{name}: {100 * accuracy:.2f} % test accuracy; weights in {out}")
 
 
 if __name__ == "__main__":

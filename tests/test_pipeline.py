@@ -273,6 +273,68 @@ def test_search_finalists_choose_the_most_accurate_measured_subnet(run_dir, caps
     assert row[1].strip() == f"{100 * chosen[0]['measured_accuracy']:.2f} %"
 
 
+def test_finalists_measured_within_one_standard_error_tie_and_the_prediction_decides(run_dir) -> None:
+    from autotailor.pipeline.finalists import Finalists
+    from autotailor.search import Budget
+
+    sn = at.load(run_dir / "supernet.pt")
+    objectives = objectives_for(sn, str(run_dir), None)
+    archs = [sn.space.complete(sn.space.sample(random.Random(i))) for i in range(40)]
+    weak, strong = min(archs, key=objectives.accuracy), max(archs, key=objectives.accuracy)
+    assert objectives.accuracy(weak) < objectives.accuracy(strong)
+    budget = Budget.of(macs=1e12)
+
+    def finalists(images: int, measured: list[tuple[dict, float]]) -> Finalists:
+        f = Finalists(sn, None, run_dir / "unused.json", 2, info={"validation_images": images})
+        for arch, accuracy in measured:
+            f.measured[f._key(arch)] = {"arch": arch, "accuracy": accuracy}
+        return f
+
+    # the weaker predicted measured 1 point higher: on 400 images (one standard error 1.43
+    # points at 91 %) a tie, which the prediction breaks; on 100,000 (0.09 points) it wins
+    both = [(weak, 0.91), (strong, 0.90)]
+    assert finalists(400, both).most_accurate([weak, strong], objectives, budget) == strong
+    assert finalists(100_000, both).most_accurate([weak, strong], objectives, budget) == weak
+    assert finalists(0, both).most_accurate([weak, strong], objectives, budget) == weak  # images unknown: exact
+    # beyond one standard error the measurement decides, and unmeasured SubNets are not chosen
+    apart, other = finalists(400, [(weak, 0.95), (strong, 0.90)]), next(a for a in archs if a not in (weak, strong))
+    assert apart.most_accurate([weak, strong, other], objectives, budget) == weak
+    assert apart.most_accurate([other], objectives, budget) is None
+
+
+def test_a_choice_timed_over_its_budget_times_the_best_finalist_within_it(run_dir, tmp_path) -> None:
+    from autotailor.pipeline.finalists import Finalists
+    from autotailor.pipeline.selection import _time_finalists_for_over
+    from autotailor.pipeline.workdir import device_setup
+    from autotailor.predict.latency import subnet_key
+    from autotailor.search import Budget, Choice
+
+    work = tmp_path / "run"
+    shutil.copytree(run_dir, work)  # the LUT gains measurements
+    sn = at.load(work / "supernet.pt")
+    setup = device_setup(sn, str(work), "ort-cpu:threads=1,warmup=1,repeats=5,budget_s=0.05")
+    objectives = objectives_for(sn, str(work), setup)
+    largest = sn.space.complete(sn.space.max())
+    budget = Budget.of(latency_ms=0.99 * objectives.metric("latency_ms", largest))
+    known = setup.measured()
+    fresh = [a for a in (sn.space.complete(sn.space.sample(random.Random(100 + i))) for i in range(40))
+             if subnet_key(a) not in known and objectives.feasible(a, budget)][:5]
+    assert len(fresh) == 5
+    finalists = Finalists(sn, None, work / "finalists.json", 2, info={"validation_images": 0})
+    for i, arch in enumerate(fresh):  # the last the most accurate
+        finalists.measured[finalists._key(arch)] = {"arch": arch, "accuracy": 0.5 + 0.01 * i}
+    within = Choice(budget, fresh[0], None, {}, 0.0)
+    assert _time_finalists_for_over([within], sn, str(work), setup, finalists, objectives, None) is objectives
+    assert setup.measured().keys() == known.keys()  # a choice within its budget times nothing
+    over = Choice(budget, largest, None, {}, 0.0)
+    after = _time_finalists_for_over([over], sn, str(work), setup, finalists, objectives, None)
+    timed = [a for a in fresh if subnet_key(a) in setup.measured()]
+    assert 1 <= len(timed) <= finalists.count and subnet_key(fresh[-1]) in setup.measured()
+    if len(timed) == 2:  # the most accurate was timed over the budget, and the next best then
+        assert not after.feasible(fresh[-1], budget) and fresh[-2] in timed
+    assert after.metric("latency_ms", fresh[-1]) == pytest.approx(setup.measured()[subnet_key(fresh[-1])])
+
+
 def test_run_runs_a_step_again_when_its_inputs_change_and_every_step_after_it(tmp_path) -> None:
     from autotailor.pipeline.run import RunPlan, execute
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from autotailor.pipeline.report import _front_summary, plot, standard_error
+from autotailor.pipeline.finalists import standard_error
+from autotailor.pipeline.report import _front_summary, plot
 from autotailor.pipeline.results import Chosen, SearchRecord
 
 

@@ -5,6 +5,11 @@ tuned on CIFAR-10, the search's choice at 0.30 ms measured 77.9 % while other Su
 the budget, predicted up to 0.7 points lower, measured up to 78.6 %. A few evaluations settle
 what the sum cannot. ``WORK/finalists.json`` keeps every measurement, saved after each one:
 an interrupted search resumes, and later searches and verify rounds reuse them.
+
+A measurement on a few hundred images is itself noisy, and the most accurate of dozens of
+measurements is the one most flattered by its noise: taken at face value, one small SubNet
+that measured high won every larger budget of the demo. Measurements within one standard
+error of the best count as a tie, which the prediction breaks.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +30,11 @@ from autotailor.supernet import Arch
 log = logging.getLogger(__name__)
 
 FINALISTS = "finalists.json"
+
+
+def standard_error(accuracy: float, images: int) -> float:
+    """One standard error of an accuracy measured on ``images`` images (binomial)."""
+    return math.sqrt(accuracy * (1 - accuracy) / images) if images else 0.0
 
 
 @dataclass
@@ -64,6 +75,30 @@ class Finalists:
         hit = self.measured.get(self._key(arch))
         return None if hit is None else hit["accuracy"]
 
+    @property
+    def archs(self) -> list[Arch]:
+        """Every measured SubNet."""
+        return [entry["arch"] for entry in self.measured.values()]
+
+    @property
+    def images(self) -> int:
+        """How many validation images each measurement was made on (0: unknown, taken as exact)."""
+        if self.info and self.info.get("validation_images"):
+            return int(self.info["validation_images"])
+        return self.data.images if self.data is not None else 0
+
+    def most_accurate(self, archs: list[Arch], objectives: Objectives, budget: Budget) -> Arch | None:
+        """The most accurate of the measured ``archs`` (None if none was measured): among those
+        measured within one standard error of the best measurement, the best predicted (``rank``).
+        One standard error is about that of the difference between two SubNets measured on the
+        same images, most of which both classify alike."""
+        known = [a for a in archs if self.accuracy(a) is not None]
+        if not known:
+            return None
+        top = max(map(self.accuracy, known))
+        tied = [a for a in known if self.accuracy(a) >= top - standard_error(top, self.images)]
+        return max(tied, key=lambda a: rank(objectives, budget, a))
+
     def measure(self, archs: list[Arch], on_subnet: Callable[[int, int], None] | None = None) -> int:
         """Measure those of ``archs`` not measured yet (BatchNorm recalibrated for each); returns how many."""
         from autotailor.tune import evaluate
@@ -85,21 +120,21 @@ class Finalists:
 
     def choose(self, result: SearchResult, objectives: Objectives,
                on_subnet: Callable[[int, int], None] | None = None) -> SearchResult:
-        """Each budget's choice becomes the most accurate, as measured, of its ``count``
+        """Each budget's choice becomes the most accurate (``most_accurate``) of its ``count``
         best-predicted distinct SubNets (among all the search predicted) and of every SubNet
-        measured before that meets the budget; a tie goes to the better predicted."""
+        measured before that meets the budget."""
         seen = sorted(objectives.seen(), key=objectives.accuracy, reverse=True)
         candidates = [self._best_predicted(seen, objectives, c.budget) if c.arch is not None else []
                       for c in result.choices]
         self.measure([a for group in candidates for a in group], on_subnet)
-        earlier = [entry["arch"] for entry in self.measured.values()]
+        earlier = self.archs
         choices = []
         for choice, group in zip(result.choices, candidates):
             if choice.arch is None:
                 choices.append(choice)
                 continue
             pool = group + [a for a in earlier if objectives.feasible(a, choice.budget)]
-            best = max(pool, key=lambda a: (self.accuracy(a), rank(objectives, choice.budget, a)))
+            best = self.most_accurate(pool, objectives, choice.budget)
             choices.append(dataclasses.replace(choice, arch=best, accuracy=objectives.accuracy(best),
                                                metrics={m: objectives.metric(m, best) for m in objectives.metrics}))
         return dataclasses.replace(result, choices=choices)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotailor.files import write_text
-from autotailor.pipeline.finalists import FINALISTS
+from autotailor.pipeline.finalists import FINALISTS, standard_error
 from autotailor.pipeline.results import ExportsRecord, Record, RunRecord, SearchRecord
 from autotailor.pipeline.workdir import SENSITIVITY, fleet_folders
 from autotailor.search import METRICS
@@ -123,7 +123,8 @@ def _results(work: Path, folder: Path, images: int, heading: str) -> list[str]:
                      f"{search.verify_rounds} time(s) with the latency model refitted to them: "
                      f"{search.latency_model}." if verified else "")
                   + (f" Each budget's {finalists} best-predicted SubNets were measured for accuracy on the "
-                     "validation subset, and the most accurate chosen." if finalists else "")
+                     "validation subset, and the most accurate chosen (within one standard error, the better "
+                     "predicted)." if finalists else "")
                   + (f" Predicted accuracy: {search.accuracy_model}." if search.accuracy_model else "")
                   + (f" Machine speed while the LUT was profiled: {search.latency_noise}." if search.latency_noise
                      else ""), "",
@@ -155,11 +156,6 @@ def _results(work: Path, folder: Path, images: int, heading: str) -> list[str]:
                          f"{_fmt('accuracy', e.measured.get('accuracy'))} | {files} |")
         lines.append("")
     return lines
-
-
-def standard_error(accuracy: float, images: int) -> float:
-    """One standard error of an accuracy measured on ``images`` images (binomial)."""
-    return math.sqrt(accuracy * (1 - accuracy) / images) if images else 0.0
 
 
 def _front_summary(search: SearchRecord, images: int) -> list[str]:

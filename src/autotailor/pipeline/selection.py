@@ -184,7 +184,7 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
     measured latency goes into ``search.json``. A measured SubNet's latency is its measurement
     in every search. The last round's choices are timed once more (their latency the mean of
     both timings), and one then over its budget gives way to the most accurate measured
-    SubNet within it. The random SubNets that calibrate the
+    SubNet within it (with ``finalists``, the best finalists within it timed first). The random SubNets that calibrate the
     predictor rarely look like a front's (the smallest, the most compute-dense for their
     weights): the front's own measurements correct the fit where the search looks.
 
@@ -220,6 +220,10 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         # The last round's new choices were measured but not searched again, and every choice
         # was timed once more: one over its budget gives way to the best measured SubNet within it.
         objectives = objectives_for(sn, work, device, finalists)
+        if finalists is not None:
+            objectives = _time_finalists_for_over(result.choices, sn, work, device, finalists, objectives,
+                                                  on_subnet)
+            measured = device.measured()
         result = dataclasses.replace(result, choices=[_within_measured(c, objectives, measured, finalists)
                                                       for c in result.choices])
     result = dataclasses.replace(result, seconds=seconds, predictions=predictions)
@@ -252,11 +256,34 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
     return result
 
 
+def _time_finalists_for_over(choices: list[Choice], sn, work: str | Path, device: DeviceSetup,
+                             finalists: Finalists, objectives: Objectives,
+                             on_subnet: Callable[[int, int], None] | None) -> Objectives:
+    """For each choice timed over its budget, the best finalist (``Finalists.most_accurate``)
+    that the latency model puts within the budget is timed, and the next best if that one is
+    over it too (``finalists.count`` at most): otherwise the choice would give way to a
+    SubNet timed earlier, often one chosen for a far smaller budget. The objectives with those
+    timings."""
+    from autotailor.predict.latency import subnet_key
+
+    for choice in choices:
+        if choice.arch is None or objectives.feasible(sn.space.complete(choice.arch), choice.budget):
+            continue
+        for _ in range(finalists.count):
+            best = finalists.most_accurate([a for a in finalists.archs if objectives.feasible(a, choice.budget)],
+                                           objectives, choice.budget)
+            if best is None or subnet_key(best) in device.measured():
+                break
+            device.measure([best], on_subnet)
+            objectives = objectives_for(sn, work, device, finalists)
+    return objectives
+
+
 def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str, float],
                      finalists: Finalists | None) -> Choice:
     """``choice``, or if it measured over its budget the most accurate SubNet among the measured
-    ones that meet the budget (``choice`` unchanged when none does): the most accurate as
-    measured among the finalists measured, else as predicted."""
+    ones that meet the budget (``choice`` unchanged when none does): the most accurate of the
+    finalists measured (``Finalists.most_accurate``), else as predicted."""
     from autotailor.predict.latency import subnet_arch
 
     if choice.arch is None or objectives.feasible(objectives.space.complete(choice.arch), choice.budget):
@@ -264,8 +291,8 @@ def _within_measured(choice: Choice, objectives: Objectives, measured: dict[str,
     fits = [a for a in map(subnet_arch, measured) if objectives.feasible(a, choice.budget)]
     if not fits:
         return choice
-    known = [a for a in fits if finalists is not None and finalists.accuracy(a) is not None]
-    best = max(known, key=finalists.accuracy) if known else max(fits, key=objectives.accuracy)
+    best = finalists.most_accurate(fits, objectives, choice.budget) if finalists is not None else None
+    best = best or max(fits, key=objectives.accuracy)
     log.info("%s: the choice measured %.3g ms, over the budget; the best measured SubNet within it replaces it",
              choice.budget.name, objectives.metric("latency_ms", objectives.space.complete(choice.arch)))
     return dataclasses.replace(choice, arch=best, accuracy=objectives.accuracy(best),
