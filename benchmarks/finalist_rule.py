@@ -101,6 +101,8 @@ def run(args: argparse.Namespace, state: State) -> None:
 
 
 def report(state: State) -> tuple[dict, str]:
+    from autotailor.pipeline.finalists import standard_error
+
     lines = ["# The finalists' choice rule, judged on held-out test images", "",
              "Each rule chooses among the SubNets `benchmarks/baselines.py`'s search measured on its "
              "finalists' sample; held out: the CIFAR-10 test images outside that sample "
@@ -116,6 +118,7 @@ def report(state: State) -> tuple[dict, str]:
             return (10_000 * all_images[c["key"]] - n * c["sample_accuracy"]) / (10_000 - n)
 
         names = list(chosen)
+        noise = max(standard_error(held_out(c), 10_000 - n) for rows_ in chosen.values() for c in rows_)
         rows = list(zip(*chosen.values()))
         differ = [r for r in rows if len({c["key"] for c in r}) > 1]
         gains = [100 * (held_out(r[1]) - held_out(r[0])) for r in differ]
@@ -131,7 +134,9 @@ def report(state: State) -> tuple[dict, str]:
                   + (f", where the second is {statistics.fmean(gains):+.2f} pts on average "
                      f"({min(gains):+.2f} to {max(gains):+.2f})" if gains else "") + ". Distinct SubNets: "
                   + ", ".join(f"{s['distinct'][name]} ({name})" for name in names) + "; mean held-out accuracy: "
-                  + ", ".join(f"{s['mean_held_out'][name]:.2f} % ({name})" for name in names) + ".", "",
+                  + ", ".join(f"{s['mean_held_out'][name]:.2f} % ({name})" for name in names)
+                  + f". Noise: one standard error of a held-out accuracy is {100 * noise:.2f} pts or less "
+                  "(binomial; less for the difference of two SubNets sharing weights, which mostly agree).", "",
                   "| budget | " + " | ".join(f"{name}: MACs, ms, sample %, held-out %" for name in names) + " |",
                   "|---|" + "---|" * len(names)]
         for r in rows:
