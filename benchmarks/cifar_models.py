@@ -50,7 +50,8 @@ def trained(name: str) -> nn.Module:
     the ``--name`` of a run: ``benchmarks/artifacts/NAME_cifar10.fp16.pt``), in float32."""
     path = ARTIFACTS / f"{name}_cifar10.fp16.pt"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; make it with: python benchmarks/train_base.py --model {name}")
+        how = f"--model {name}" if name in MODELS else f"--model MODEL --name {name}"
+        raise FileNotFoundError(f"{path} is missing; make it with: python benchmarks/train_base.py {how}")
     arch = name if name in MODELS else json.loads((ARTIFACTS / f"{name}_cifar10.json").read_text())["model"]
     model = MODELS[arch]()
     model.load_state_dict({k: v.float() if v.is_floating_point() else v

@@ -184,9 +184,10 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
     measured latency goes into ``search.json``. A measured SubNet's latency is its measurement
     in every search. The last round's choices are timed once more (their latency the mean of
     both timings), and one then over its budget gives way to the most accurate measured
-    SubNet within it (with ``finalists``, the best finalists within it timed first). The random SubNets that calibrate the
-    predictor rarely look like a front's (the smallest, the most compute-dense for their
-    weights): the front's own measurements correct the fit where the search looks.
+    SubNet within it (with ``finalists``, the best finalists within it timed first). The
+    random SubNets that calibrate the predictor rarely look like a front's (the smallest, the
+    most compute-dense for their weights): the front's own measurements correct the fit where
+    the search looks.
 
     With ``finalists`` (made for ``settings.finalists`` > 0), after each search each budget's
     choice is the most accurate as measured of its best-predicted SubNets (``Finalists.choose``)."""
