@@ -6,6 +6,7 @@ Reproduce (from the repository root, after `make install`; hours on 2 cores, res
     .venv/bin/python benchmarks/train_base.py --model mobilenet_v2 --epochs 10 --threads 1
     .venv/bin/python benchmarks/train_base.py --model vit_c32 --epochs 30 --threads 1
     .venv/bin/python benchmarks/train_base.py --model mobilenet_v2 --epochs 60 --name mobilenet_v2_e60 --threads 1
+    .venv/bin/python benchmarks/train_base.py --model resnet18 --epochs 60 --name resnet18_e60 --threads 1
 
 A base model is what a user brings to AutoTailor: a plain trained classifier
 (``benchmarks/cifar_models.py``), trained here with plain PyTorch, not through AutoTailor, so
