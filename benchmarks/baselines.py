@@ -82,7 +82,8 @@ import adaptivenet  # noqa: E402
 import cifar_models  # noqa: E402
 import train_base  # noqa: E402
 import tuning_schedules  # noqa: E402
-from common import State, default_cifar10, head_commit, machine, save_figure, write_results  # noqa: E402
+from common import (State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
+                    machine, save_figure, write_results)
 
 MODELS = ("resnet18", "mobilenet_v2")
 # each model's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
@@ -279,14 +280,12 @@ def _from_artifact(model: str, path: Path) -> None:
         return
     saved = torch.load(kept, map_location="cpu")
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({**saved, "state_dict": {k: v.float() if v.is_floating_point() else v
-                                        for k, v in saved["state_dict"].items()}}, path)
+    torch.save({**saved, "state_dict": fp32_state(saved["state_dict"])}, path)
 
 
 def _to_artifact(model: str, path: Path) -> None:
     saved = torch.load(path, map_location="cpu")
-    torch.save({**saved, "state_dict": {k: v.half() if v.is_floating_point() else v
-                                        for k, v in saved["state_dict"].items()}}, _subnet_artifact(model, path))
+    atomic_torch_save({**saved, "state_dict": fp16_state(saved["state_dict"])}, _subnet_artifact(model, path))
 
 
 def alone_front(state: State, model: str) -> list[dict]:
@@ -452,7 +451,7 @@ def longer_nestdnn_points(state: State, model: str, data: str, work: Path, metho
         else:
             train_base.train(net, loader, extra, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
                              f"{model} NestDNN* {key}, {extra} more steps", lr=rule.lr, warmup=WARMUP)
-            torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
+            torch.save(fp16_state(net.state_dict()), kept)
             _load_half(net, kept)  # evaluated as kept, as the other NestDNN* points are
         wrong = _wrong(net.eval(), batches)
         point = {"ratio": ratio, "extra_steps": extra, "lr": rule.lr, "steps": cycles(model) * NESTDNN_STEPS + extra,
@@ -475,8 +474,7 @@ def longer_nestdnn_front(state: State, model: str, method: str) -> list[dict]:
 
 
 def _load_half(net: torch.nn.Module, path: Path) -> None:
-    net.load_state_dict({k: v.float() if v.is_floating_point() else v
-                         for k, v in torch.load(path, map_location="cpu").items()})
+    net.load_state_dict(fp32_state(torch.load(path, map_location="cpu")))
 
 
 def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int = NESTDNN_STEPS,
@@ -493,7 +491,7 @@ def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int 
         net = nestdnn_model(model, ratio, cycle - 1, loader, steps, work)
     train_base.train(net, loader, steps, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
                      f"{model} NestDNN* {ratio:g}, cycle {cycle}", lr=LR, warmup=WARMUP)
-    torch.save({k: v.half() if v.is_floating_point() else v for k, v in net.state_dict().items()}, kept)
+    torch.save(fp16_state(net.state_dict()), kept)
     return net
 
 

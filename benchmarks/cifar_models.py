@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 import torchvision
 
+from common import fp32_state
+
 
 def resnet18() -> nn.Module:
     """ResNet-18 with a 3x3 stride-1 stem for 32x32 inputs. The max-pool is kept: the first
@@ -54,8 +56,7 @@ def trained(name: str) -> nn.Module:
         raise FileNotFoundError(f"{path} is missing; make it with: python benchmarks/train_base.py {how}")
     arch = name if name in MODELS else json.loads((ARTIFACTS / f"{name}_cifar10.json").read_text())["model"]
     model = MODELS[arch]()
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v
-                           for k, v in torch.load(path, map_location="cpu").items()})
+    model.load_state_dict(fp32_state(torch.load(path, map_location="cpu")))
     return model.eval()
 
 

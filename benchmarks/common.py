@@ -103,6 +103,16 @@ def write_results(folder: str | Path, name: str, data: dict, text: str) -> None:
     print(text)
 
 
+def fp16_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with its floating tensors in half precision: how artifacts keep weights."""
+    return {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def fp32_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with its floating tensors in float32: an artifact's weights, ready to load."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+
 def atomic_torch_save(obj: object, path: Path) -> None:
     """``torch.save(obj, path)``, atomically (see ``autotailor.files.atomic_write``)."""
     from autotailor.files import atomic_write

@@ -49,25 +49,23 @@ RULES: dict[str, Callable] = {"most accurate measured": _most_accurate_measured,
                               "within one standard error, best predicted": _within_one_standard_error}
 
 
-def choices(folder: Path) -> tuple[dict, dict[str, list[dict]]]:
+def choices(sn, folder: Path) -> tuple[dict, dict[str, list[dict]]]:
     """The finalists' info, and each rule's choice per budget of the folder's search:
     {budget, arch, key, sample accuracy, predicted accuracy, latency}."""
-    import autotailor as at
     from autotailor.pipeline.finalists import FINALISTS, Finalists
     from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.selection import objectives_for
     from autotailor.pipeline.workdir import device_setup
     from autotailor.search import Budget
 
-    sn = at.load(folder)
     stored = json.loads((folder / FINALISTS).read_text())
     finalists = Finalists(sn, None, folder / FINALISTS, 4, stored["subnets"], stored["info"])
     objectives = objectives_for(sn, folder, device_setup(sn, folder, DEVICE), finalists)
-    archs = [e["arch"] for e in stored["subnets"].values()]
+    archs, searched = finalists.archs, SearchRecord.read(folder).choices
     out: dict[str, list[dict]] = {}
     for name, rule in RULES.items():
         out[name] = []
-        for chosen in SearchRecord.read(folder).choices:
+        for chosen in searched:
             budget = Budget.of(**chosen.limits)
             pool = [a for a in archs if objectives.feasible(a, budget)]
             if not pool:
@@ -87,8 +85,8 @@ def run(args: argparse.Namespace, state: State) -> None:
 
     for model in args.models.split(","):
         folder = Path(args.work) / model / "autotailor"
-        info, chosen = choices(folder)
         sn = at.load(folder)
+        info, chosen = choices(sn, folder)
         # all test images, with the calibration batches the finalists were measured with
         data = eval_data(f"cifar10:{args.data}", 32, EvalSettings(10_000, info["calibration_batches"], 128,
                                                                    info["validation_sample_seed"]))

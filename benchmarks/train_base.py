@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import cifar_models  # noqa: E402
-from common import atomic_torch_save, default_cifar10  # noqa: E402
+from common import atomic_torch_save, default_cifar10, fp16_state, fp32_state  # noqa: E402
 
 ARTIFACTS = HERE / "artifacts"
 BATCH = 64
@@ -80,8 +80,7 @@ def _split_fp16(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]
     """``state`` in fp16 (floating tensors), split into parts of at most ``PART_BYTES``."""
     parts: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for k, v in state.items():
-        v = v.half() if v.is_floating_point() else v
+    for k, v in fp16_state(state).items():
         nbytes = v.numel() * v.element_size()
         if size and size + nbytes > PART_BYTES:
             parts.append({})
@@ -117,8 +116,8 @@ def from_snapshot(name: str) -> dict | None:
     if len({(d["step"], d["steps"]) for d in loaded}) != 1:
         raise SystemExit(f"the checkpoint parts {[p.name for p in parts]} come from different steps; delete them")
     tensors = {k: v for d in loaded for k, v in d["tensors"].items()}
-    unpack = lambda prefix: {k[len(prefix):]: v.float() if v.is_floating_point() else v  # noqa: E731
-                             for k, v in tensors.items() if k.startswith(prefix)}
+    unpack = lambda prefix: fp32_state({k[len(prefix):]: v for k, v in tensors.items()  # noqa: E731
+                                        if k.startswith(prefix)})
     adam = {k: v.square() if k.startswith("exp_avg_sq.") else v for k, v in unpack("adam.").items()}
     return {"step": loaded[0]["step"], "steps": loaded[0]["steps"], "model": unpack("model."),
             "momentum": unpack("momentum."), **({"adam": adam} if adam else {})}
@@ -247,7 +246,7 @@ def main() -> None:
     accuracy = evaluate(model, val)
     out = ARTIFACTS / f"{name}_cifar10.fp16.pt"
     ARTIFACTS.mkdir(exist_ok=True)
-    atomic_torch_save({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}, out)
+    atomic_torch_save(fp16_state(model.state_dict()), out)
     (ARTIFACTS / f"{name}_cifar10.json").write_text(json.dumps(
         {"model": args.model, "epochs": args.epochs, "steps": steps, "batch": BATCH,
          "test_accuracy": accuracy, "commit": commit_of_head()}, indent=1) + "\n")

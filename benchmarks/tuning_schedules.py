@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import State, default_cifar10, head_commit, machine, write_results  # noqa: E402
+from common import State, default_cifar10, fp16_state, head_commit, machine, write_results  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
@@ -126,7 +126,7 @@ def supernet(model: str, schedule: str, data: str, work: Path):
             partial.unlink(missing_ok=True)
             if schedule in KEPT:
                 sn = at.load(folder)
-                torch.save({k: v.half() if v.is_floating_point() else v for k, v in sn.state_dict().items()}, kept)
+                torch.save(fp16_state(sn.state_dict()), kept)
                 print(f"kept the tuned weights in {kept}: add its line to {ARTIFACTS / 'README.md'}", flush=True)
         (folder / "tuned").write_text("done\n")
     return at.load(folder)

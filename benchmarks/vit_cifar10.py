@@ -70,7 +70,8 @@ sys.path.insert(0, str(HERE))
 
 from accuracy_predictor import top5_accuracy  # noqa: E402
 from baselines import CALIBRATION_IMAGES, _cli  # noqa: E402
-from common import State, atomic_torch_save, default_cifar10, head_commit, machine, save_figure, write_results  # noqa: E402
+from common import (State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
+                    machine, save_figure, write_results)
 
 MODEL_SPEC = "cifar_models:vit_c32_trained"
 STEPS_PER_EPOCH = 782  # batches of 64 in CIFAR-10's 50,000 training images
@@ -96,7 +97,7 @@ def _fp16_checkpoint(ckpt: dict) -> dict:
     Adam's moments, the second moments as square roots (fp16 flushes values below 6e-8 to
     zero, and a zero second moment makes the resumed run's first steps huge; see
     ``train_base.snapshot``). Steps, settings and the schedule are kept as they are."""
-    model = {k: v.half() if v.is_floating_point() else v for k, v in ckpt["model"].items()}
+    model = fp16_state(ckpt["model"])
     slots = {"exp_avg": lambda t: t.half(), "exp_avg_sq": lambda t: t.sqrt().half()}
     opt = {**ckpt["optimizer"], "state": {i: {k: slots[k](v) if k in slots else v for k, v in s.items()}
                                           for i, s in ckpt["optimizer"]["state"].items()}}
@@ -105,7 +106,7 @@ def _fp16_checkpoint(ckpt: dict) -> dict:
 
 def _fp32_checkpoint(ckpt: dict) -> dict:
     """``_fp16_checkpoint`` undone (up to fp16 rounding): what ``Tuner.resume`` reads."""
-    model = {k: v.float() if v.is_floating_point() else v for k, v in ckpt["model"].items()}
+    model = fp32_state(ckpt["model"])
     slots = {"exp_avg": lambda t: t.float(), "exp_avg_sq": lambda t: t.float().square()}
     opt = {**ckpt["optimizer"], "state": {i: {k: slots[k](v) if k in slots else v for k, v in s.items()}
                                           for i, s in ckpt["optimizer"]["state"].items()}}
@@ -237,7 +238,7 @@ def tune(args: argparse.Namespace, state: State, folder: Path, artifacts: Path) 
             "model_spec": args.model_spec, "commit": commit, **_tune_log(folder)}
     sn = at.load(folder)
     artifacts.mkdir(parents=True, exist_ok=True)
-    atomic_torch_save({k: v.half() if v.is_floating_point() else v for k, v in sn.state_dict().items()}, kept)
+    atomic_torch_save(fp16_state(sn.state_dict()), kept)
     info_path.write_text(json.dumps(info, indent=1) + "\n")
     partial.unlink(missing_ok=True)
     print(f"kept the tuned weights in {kept}: add its line to {artifacts / 'README.md'}", flush=True)
