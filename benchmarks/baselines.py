@@ -6,9 +6,11 @@ Reproduce (from the repository root, after `make install`; hours on 2 cores, res
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/baselines.py --data ../shared/data/cifar10
     .venv/bin/python benchmarks/baselines.py --report-only
 
-For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``train_base.py``):
+For ResNet-18 and MobileNetV2 of ``cifar_models`` (their trained weights, ``train_base.py``;
+``--models resnet18_e60,mobilenet_v2_e60`` takes the weights of ``train_base.py --name`` runs
+instead, and keeps every artifact under those names):
 
-- **AutoTailor**: the SuperNet tuned with the model's ``SCHEDULE`` (its weights kept in
+- **AutoTailor**: the SuperNet tuned with the model's ``schedule`` (its weights kept in
   ``benchmarks/artifacts/``) in the default space (``--channel-multiple N``: with every width
   choice a multiple of N channels), profiled for ONNX Runtime with 1 thread, its sensitivities
   measured, and ``BUDGETS`` latency budgets searched with ``--verify 2 --finalists 4``,
@@ -85,9 +87,11 @@ import tuning_schedules  # noqa: E402
 from common import (State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
                     machine, save_figure, write_results)
 
+# a model's name, or a train_base.py run's (``--models resnet18_e60``: the same architecture trained
+# longer, each method's artifacts kept under that name)
 MODELS = ("resnet18", "mobilenet_v2")
-# each model's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
-SCHEDULE = {"resnet18": "sandwich4-4ep+4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep+4ep"}
+# each architecture's tuning schedule (``tuning_schedules.SCHEDULES``): the one its front is best with
+_SCHEDULES = {"resnet18": "sandwich4-4ep+4ep+4ep", "mobilenet_v2": "sandwich4-4ep+4ep+4ep"}
 STEPS = 4 * tuning_schedules.STEPS_PER_EPOCH  # the tuning schedule's batches, each for 4 SubNets
 RATIOS = (0.2, 0.35, 0.5, 0.65, 0.8)
 # ONNX Runtime's x86 convolutions take their fast, blocked path only for channel counts in
@@ -120,10 +124,20 @@ def _cli(*argv: str) -> None:
     subprocess.run([str(Path(sys.executable).parent / "autotailor"), *argv], check=True, env=env)
 
 
+def schedule(model: str) -> str:
+    """The tuning schedule of ``model``'s SuperNet (by its architecture)."""
+    return _SCHEDULES[cifar_models.architecture(model)]
+
+
+def _models(state: State) -> list[str]:
+    """The models ``state`` has measurements of, the default ones first."""
+    return [m for m in MODELS if m in state.data] + sorted(m for m in state.data if m not in MODELS)
+
+
 def tailored(model: str, multiple: int) -> str:
     """What makes ``model``'s AutoTailor front: its SuperNet's tuning schedule, and the channel
     multiple of its space (``[arch] channel_multiple``) unless 1."""
-    return SCHEDULE[model] + ("" if multiple == 1 else f", channel_multiple {multiple}")
+    return schedule(model) + ("" if multiple == 1 else f", channel_multiple {multiple}")
 
 
 def autotailor_work(model: str, data: str, work: Path, multiple: int = 1) -> Path:
@@ -140,9 +154,10 @@ def autotailor_work(model: str, data: str, work: Path, multiple: int = 1) -> Pat
     if folder.is_dir() and made != made_by:
         shutil.rmtree(folder)  # another schedule or space: compiled, profiled and searched again
     if not (folder / "supernet.pt").is_file():
-        kept = tuning_schedules.tuned_artifact(model, SCHEDULE[model])
+        kept = tuning_schedules.tuned_artifact(model, schedule(model))
         if not kept.is_file():
-            raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --schedules {SCHEDULE[model]}")
+            raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --models {model} "
+                             f"--schedules {schedule(model)}")
         space = work / model / "space.toml"
         space.write_text(f"[arch]\nchannel_multiple = {multiple}\n")
         _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--config", str(space),
@@ -343,7 +358,7 @@ def pruned(model: str, ratio: float, round_to: int | None = ROUND_TO) -> torch.n
     import torch_pruning as tp
 
     net = cifar_models.trained(model)
-    classifier = net.fc if model == "resnet18" else net.classifier[-1]
+    classifier = net.fc if cifar_models.architecture(model) == "resnet18" else net.classifier[-1]
     pruner = tp.pruner.MetaPruner(net, torch.randn(1, 3, 32, 32), importance=tp.importance.MagnitudeImportance(p=1),
                                   pruning_ratio=ratio, ignored_layers=[classifier], round_to=round_to)
     pruner.step()
@@ -352,7 +367,7 @@ def pruned(model: str, ratio: float, round_to: int | None = ROUND_TO) -> torch.n
 
 def cycles(model: str) -> int:
     """The training cycles every method of ``model`` gets: as many as its SuperNet's schedule."""
-    return tuning_schedules.cycles(SCHEDULE[model])
+    return tuning_schedules.cycles(schedule(model))
 
 
 def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) -> None:
@@ -514,7 +529,7 @@ def adaptivenet_net(model: str, work: Path, steps: int, data: str):
     (resumable), each continuing the previous one's blocks."""
     from autotailor.data import BatchLoader, load_data
 
-    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
+    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), cifar_models.architecture(model))
     train, _ = load_data(f"cifar10:{data}", seed=0)
     for cycle in range(1, cycles(model) + 1):
         ckpt, name = _adaptivenet_files(model, work, cycle)
@@ -528,7 +543,7 @@ def adaptivenet_net(model: str, work: Path, steps: int, data: str):
 
 def _trained_blocks(model: str, work: Path):
     """The trained AdaptiveNet-style SuperNet of ``model`` from its checkpoint."""
-    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), model)
+    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), cifar_models.architecture(model))
     ckpt, name = _adaptivenet_files(model, work, cycles(model))
     state = torch.load(ckpt, map_location="cpu") if ckpt.is_file() else train_base.from_snapshot(name)
     net.variants.load_state_dict(state["model"])
@@ -831,7 +846,7 @@ def report(state: State) -> None:
              "pass alternated with a reference SubNet and scaled to the speed the LUT was built at. AutoTailor's "
              "finalists and AdaptiveNet's search measure accuracy on the same validation sample.", ""]
     summary: dict = {}
-    for model in MODELS:
+    for model in _models(state):
         auto = [p for p in (state.get(model, "autotailor") or {}).values() if "latency_ms" in p]
         if not auto:
             continue
@@ -912,8 +927,9 @@ def _plot(state: State) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(MODELS), figsize=(6 * len(MODELS), 4.2))
-    for ax, model in zip(axes, MODELS):
+    models = _models(state)
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
         fronts = {method: list((state.get(model, method) or {}).values()) for method in METHODS}
         fronts["alone"] = alone_front(state, model)
         fronts.update({method: longer_nestdnn_front(state, model, method) for method in EQUAL_COSTS})
@@ -967,7 +983,7 @@ def main() -> None:
     if not path.is_file() and committed.is_file():  # a new machine: start from the committed measurements
         path.write_text(json.dumps(json.loads(committed.read_text())["raw"]))
     state = State(path)
-    for model in MODELS:
+    for model in _models(state):
         # results from before the schedule was recorded were made with sandwich4-4ep
         made_by = tailored(model, args.channel_multiple)
         if state.get(model) and (state.get(model, "autotailor_schedule") or "sandwich4-4ep") != made_by:

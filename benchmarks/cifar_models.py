@@ -47,6 +47,18 @@ MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2, "vit_c32": vit_c32
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
 
+def architecture(name: str) -> str:
+    """The ``MODELS`` key of ``name``: a model's name, or the ``--name`` of a ``train_base.py``
+    run (its architecture read from ``benchmarks/artifacts/NAME_cifar10.json``)."""
+    if name in MODELS:
+        return name
+    meta = ARTIFACTS / f"{name}_cifar10.json"
+    if not meta.is_file():
+        raise FileNotFoundError(f"{name} is neither a model ({', '.join(MODELS)}) nor a train_base.py run "
+                                f"({meta} is missing)")
+    return json.loads(meta.read_text())["model"]
+
+
 def trained(name: str) -> nn.Module:
     """The CIFAR-10 weights ``benchmarks/train_base.py`` made under ``name`` (a model's name, or
     the ``--name`` of a run: ``benchmarks/artifacts/NAME_cifar10.fp16.pt``), in float32."""
@@ -54,22 +66,14 @@ def trained(name: str) -> nn.Module:
     if not path.is_file():
         how = f"--model {name}" if name in MODELS else f"--model MODEL --name {name}"
         raise FileNotFoundError(f"{path} is missing; make it with: python benchmarks/train_base.py {how}")
-    arch = name if name in MODELS else json.loads((ARTIFACTS / f"{name}_cifar10.json").read_text())["model"]
-    model = MODELS[arch]()
+    model = MODELS[architecture(name)]()
     model.load_state_dict(fp32_state(torch.load(path, map_location="cpu")))
     return model.eval()
 
 
-def resnet18_trained() -> nn.Module:
-    """``autotailor compile cifar_models:resnet18_trained``: ResNet-18 with its CIFAR-10 weights."""
-    return trained("resnet18")
-
-
-def vit_c32_trained() -> nn.Module:
-    """``autotailor compile cifar_models:vit_c32_trained``: the small ViT with its CIFAR-10 weights."""
-    return trained("vit_c32")
-
-
-def mobilenet_v2_trained() -> nn.Module:
-    """``autotailor compile cifar_models:mobilenet_v2_trained``: MobileNetV2 with its CIFAR-10 weights."""
-    return trained("mobilenet_v2")
+def __getattr__(attr: str):
+    """``cifar_models:NAME_trained`` for ``autotailor compile``: ``trained(NAME)`` as a factory,
+    for a model's name (``resnet18_trained``) or a run's (``resnet18_e60_trained``)."""
+    if attr.endswith("_trained") and not attr.startswith("_"):
+        return lambda: trained(attr.removesuffix("_trained"))
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -7,7 +7,8 @@ Reproduce (from the repository root, after `make install`; needs the base models
     .venv/bin/python benchmarks/tuning_schedules.py --data ../shared/data/cifar10
     .venv/bin/python benchmarks/tuning_schedules.py --report-only
 
-For each model (ResNet-18 and MobileNetV2 of ``cifar_models``, their trained weights), the
+For each model (ResNet-18 and MobileNetV2 of ``cifar_models``, their trained weights; or
+``--models NAME`` of a ``train_base.py --name NAME`` run, its artifacts kept under NAME), the
 SuperNet compiled at 32 px with the default space, and for each schedule (``SCHEDULES``:
 ``untuned``, the trained base model's weights as they are, or `autotailor tune` flags, from the
 base model or, for a schedule in ``CONTINUES``, from another schedule's kept weights) the
@@ -198,7 +199,7 @@ def report(state: State) -> None:
              "random: Spearman(MACs, accuracy) |",
              "|---|---|---|---|---|---|---|"]
     summary = {}
-    for model in MODELS:
+    for model in [m for m in MODELS if m in state.data] + sorted(m for m in state.data if m not in MODELS):
         for schedule, subnets in (state.get(model) or {}).items():
             rand = [v for k, v in subnets.items() if k.startswith("random")]
             if not rand or "largest" not in subnets or "smallest" not in subnets:
