@@ -26,12 +26,15 @@ import logging
 import math
 import random
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from common import Spent
 
 log = logging.getLogger("adaptivenet")
 
@@ -159,15 +162,16 @@ class BlockScalingNet(nn.Module):
 
 
 def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float = 0.03, seed: int = 0,
-          checkpoint_every: int = 200, fallback: dict | None = None) -> None:
+          checkpoint_every: int = 200, fallback: dict | None = None) -> Spent:
     """Half the steps branch-wise distillation, half tuning on the labels, each step one sampled
     path's new blocks (SGD with momentum, cosine schedule); the originals stay frozen. Every
     step's path and batch are functions of the seed and the step, and ``checkpoint`` (new
     blocks' weights, momentum, step: ``train_base``'s format) is written every
-    ``checkpoint_every`` steps, so an interrupted run resumes; without it, from ``fallback``."""
+    ``checkpoint_every`` steps, so an interrupted run resumes; without it, from ``fallback``.
+    Returns the CPU time over all runs."""
     params = dict(net.variants.named_parameters())
     opt = torch.optim.SGD(params.values(), lr=lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
-    start = 0
+    start, spent = 0, Spent(0.0, 0)
     state = torch.load(checkpoint, map_location="cpu") if checkpoint.is_file() else fallback
     if state is not None:
         if state["steps"] != steps:
@@ -175,12 +179,13 @@ def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float 
         net.variants.load_state_dict(state["model"])
         for k, buf in state["momentum"].items():
             opt.state[params[k]]["momentum_buffer"] = buf.clone()
-        start = state["step"]
+        start, spent = state["step"], Spent.of(state)
         log.info("resumed at step %d of %d", start, steps)
     distill = steps // 2
     net.eval()  # the originals' BatchNorm keeps its statistics
     losses: list[float] = []
     for step in range(start, steps):
+        cpu = time.process_time()
         for g in opt.param_groups:
             g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
         epoch, i = divmod(step, len(loader))
@@ -203,13 +208,15 @@ def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float 
             losses.append(loss.item())
             for i, c in new:
                 net.module(i, c).eval()
+        spent = spent.plus(time.process_time() - cpu)
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             momentum = {k: opt.state[p]["momentum_buffer"] for k, p in params.items() if "momentum_buffer" in opt.state[p]}
-            torch.save({"step": step + 1, "steps": steps, "model": net.variants.state_dict(), "momentum": momentum},
-                       checkpoint.with_suffix(".tmp"))
+            torch.save({"step": step + 1, "steps": steps, "model": net.variants.state_dict(), "momentum": momentum,
+                        **spent.as_checkpoint()}, checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)
             log.info("%s step %d/%d loss %.4f", "distillation" if step < distill else "tuning", step + 1, steps,
                      sum(losses[-50:]) / max(1, len(losses[-50:])))
+    return spent
 
 
 def calibrated(net: BlockScalingNet, path: Path_, calibration) -> nn.Module:

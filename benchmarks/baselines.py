@@ -84,8 +84,8 @@ import adaptivenet  # noqa: E402
 import cifar_models  # noqa: E402
 import train_base  # noqa: E402
 import tuning_schedules  # noqa: E402
-from common import (State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
-                    machine, save_figure, write_results)
+from common import (Spent, State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
+                    machine, record_cost, recorded_cost, save_figure, write_results)
 
 # a model's name, or a train_base.py run's (``--models resnet18_e60``: the same architecture trained
 # longer, each method's artifacts kept under that name)
@@ -270,7 +270,10 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
             wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
             done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
                     "wrong": wrong, "steps": config.steps, "lr": config.lr,
-                    "train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started}
+                    # over every run of the fine-tuning (kept in its file), else this run's
+                    "train_cpu_seconds": torch.load(path, map_location="cpu").get("cpu_seconds",
+                                                                                  time.process_time() - cpu),
+                    "train_seconds": time.perf_counter() - started}
         done["validation"] = {"alone": accuracy(net, val.val, size),
                               "shared": evaluate(sn, sn.space.complete(point["arch"]), val.val, val.calibration)}
         state.put(done, model, "alone", key)
@@ -464,9 +467,10 @@ def longer_nestdnn_points(state: State, model: str, data: str, work: Path, metho
         if kept.is_file():
             _load_half(net, kept)
         else:
-            train_base.train(net, loader, extra, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
-                             f"{model} NestDNN* {key}, {extra} more steps", lr=rule.lr, warmup=WARMUP)
+            spent = train_base.train(net, loader, extra, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
+                                     f"{model} NestDNN* {key}, {extra} more steps", lr=rule.lr, warmup=WARMUP)
             torch.save(fp16_state(net.state_dict()), kept)
+            record_cost(kept, spent, extra)
             _load_half(net, kept)  # evaluated as kept, as the other NestDNN* points are
         wrong = _wrong(net.eval(), batches)
         point = {"ratio": ratio, "extra_steps": extra, "lr": rule.lr, "steps": cycles(model) * NESTDNN_STEPS + extra,
@@ -504,9 +508,10 @@ def nestdnn_model(model: str, ratio: float, cycle: int, loader=None, steps: int 
         raise SystemExit(f"{kept} is missing: run benchmarks/baselines.py --models {model} --train-only")
     if cycle > 1:
         net = nestdnn_model(model, ratio, cycle - 1, loader, steps, work)
-    train_base.train(net, loader, steps, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
-                     f"{model} NestDNN* {ratio:g}, cycle {cycle}", lr=LR, warmup=WARMUP)
+    spent = train_base.train(net, loader, steps, work / model / kept.name.replace(".fp16.pt", ".ckpt"), 200,
+                             f"{model} NestDNN* {ratio:g}, cycle {cycle}", lr=LR, warmup=WARMUP)
     torch.save(fp16_state(net.state_dict()), kept)
+    record_cost(kept, spent, steps)
     return net
 
 
@@ -524,21 +529,23 @@ def _adaptivenet_files(model: str, work: Path, cycle: int) -> tuple[Path, str]:
     return work / model / f"adaptivenet{suffix}.ckpt", f"{model}_adaptivenet{suffix}"
 
 
-def adaptivenet_net(model: str, work: Path, steps: int, data: str):
+def adaptivenet_net(model: str, work: Path, steps: int, data: str) -> tuple[adaptivenet.BlockScalingNet, Spent]:
     """The AdaptiveNet-style SuperNet of ``model``, trained for ``cycles`` cycles of ``steps``
-    (resumable), each continuing the previous one's blocks."""
+    (resumable), each continuing the previous one's blocks; and the CPU time of all cycles."""
     from autotailor.data import BatchLoader, load_data
 
     net = adaptivenet.BlockScalingNet(cifar_models.trained(model), cifar_models.architecture(model))
     train, _ = load_data(f"cifar10:{data}", seed=0)
+    total = Spent(0.0, 0)
     for cycle in range(1, cycles(model) + 1):
         ckpt, name = _adaptivenet_files(model, work, cycle)
         kept = train_base.from_snapshot(name)
-        adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps, ckpt, lr=LR,
-                          fallback=kept)
+        spent = adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps, ckpt, lr=LR,
+                                  fallback=kept)
+        total += spent
         if kept is None or kept["step"] < steps:  # the trained blocks (without momentum) kept for later sessions
             train_base.snapshot(name, {**torch.load(ckpt, map_location="cpu"), "momentum": {}})
-    return net
+    return net, total
 
 
 def _trained_blocks(model: str, work: Path):
@@ -562,10 +569,9 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: i
     budgets = [c.limits["latency_ms"] for c in SearchRecord.read(folder).choices][::ADAPTIVENET_EVERY]
     if all(state.get(model, "adaptivenet", f"{b:g}") is not None for b in budgets):
         return
-    started, cpu = time.perf_counter(), time.process_time()
-    net = adaptivenet_net(model, work, steps, data)
-    if (state.get(model, "adaptivenet_cost") or {}).get("cycles", 1) != cycles(model):
-        state.put({"train_cpu_seconds": time.process_time() - cpu, "train_seconds": time.perf_counter() - started,
+    net, spent = adaptivenet_net(model, work, steps, data)
+    if spent.counted_steps:  # else trained before the time was kept: the cost table's recorded minutes
+        state.put({"train_cpu_seconds": spent.cpu_seconds, "counted_steps": spent.counted_steps,
                    "steps": cycles(model) * steps, "cycles": cycles(model)}, model, "adaptivenet_cost")
     table = state.get(model, "adaptivenet_table")
     if table is None:
@@ -765,7 +771,24 @@ def costs(state: State, model: str, work: Path) -> list[dict]:
                      "evaluations": f"{max(p['evaluations'] for p in found)} paths on the validation images",
                      "search": f"{sum(p['search_cpu_seconds'] for p in found):.0f} CPU-s of Nearby search "
                                "(evaluations included)"})
-    return [{"train_cpu_minutes": TRAIN_MINUTES.get((model, r["key"]), "not recorded"), **r} for r in rows]
+    return [{"train_cpu_minutes": _recorded_minutes(state, model, r["key"]) or TRAIN_MINUTES.get((model, r["key"]))
+             or "not recorded", **r} for r in rows]
+
+
+def _recorded_minutes(state: State, model: str, method: str) -> str | None:
+    """The CPU-minutes the training of ``method``'s kept weights took, as recorded with them
+    (``record_cost``, the AdaptiveNet-style training's in the state); None without a record."""
+    if method == "autotailor":
+        chain = [schedule(model)]
+        while chain[-1] in tuning_schedules.CONTINUES:
+            chain.append(tuning_schedules.CONTINUES[chain[-1]])
+        return recorded_cost([tuning_schedules.tuned_artifact(model, s) for s in chain])
+    if method == "nestdnn":
+        return recorded_cost([nestdnn_artifact(model, r, c) for r in RATIOS for c in range(1, cycles(model) + 1)])
+    cost = state.get(model, "adaptivenet_cost") or {}
+    if method == "adaptivenet" and cost.get("counted_steps"):
+        return Spent(cost["train_cpu_seconds"], cost["counted_steps"]).describe(cost["steps"])
+    return None
 
 
 def _alone(state: State, model: str) -> dict[str, dict]:

@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import cifar_models  # noqa: E402
-from common import atomic_torch_save, default_cifar10, fp16_state, fp32_state  # noqa: E402
+from common import COST_KEYS, Spent, atomic_torch_save, default_cifar10, fp16_state, fp32_state  # noqa: E402
 
 ARTIFACTS = HERE / "artifacts"
 BATCH = 64
@@ -100,7 +100,8 @@ def snapshot(name: str, ckpt: dict) -> list[Path]:
     paths = []
     for i, part in enumerate(_split_fp16(flat)):
         path = ARTIFACTS / f"{name}_cifar10.ckpt{i}.pt"
-        atomic_torch_save({"step": ckpt["step"], "steps": ckpt["steps"], "tensors": part}, path)
+        atomic_torch_save({"step": ckpt["step"], "steps": ckpt["steps"], "tensors": part,
+                           **{k: ckpt[k] for k in COST_KEYS if k in ckpt}}, path)
         paths.append(path)
     for stale in ARTIFACTS.glob(f"{name}_cifar10.ckpt*.pt"):
         if stale not in paths:
@@ -120,7 +121,8 @@ def from_snapshot(name: str) -> dict | None:
                                         if k.startswith(prefix)})
     adam = {k: v.square() if k.startswith("exp_avg_sq.") else v for k, v in unpack("adam.").items()}
     return {"step": loaded[0]["step"], "steps": loaded[0]["steps"], "model": unpack("model."),
-            "momentum": unpack("momentum."), **({"adam": adam} if adam else {})}
+            "momentum": unpack("momentum."), **({"adam": adam} if adam else {}),
+            **{k: loaded[0][k] for k in COST_KEYS if k in loaded[0]}}
 
 
 def evaluate(model: torch.nn.Module, val) -> float:
@@ -146,11 +148,11 @@ def _optimizer(model: torch.nn.Module, recipe: Recipe, lr: float) -> torch.optim
 
 def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoint_every: int, label: str,
           fallback: dict | None = None, lr: float | None = None, warmup: int | None = None,
-          recipe: Recipe = RECIPES["sgd"]) -> None:
+          recipe: Recipe = RECIPES["sgd"]) -> Spent:
     """Train ``model`` in place for ``steps`` batches of ``loader`` with ``recipe`` (``lr`` and
     ``warmup`` the recipe's unless given), resuming from ``ckpt_path`` (else from ``fallback``,
     a checkpoint dict) and writing it every ``checkpoint_every`` steps (fp32 weights, the
-    optimizer's moments, step)."""
+    optimizer's moments, step, the CPU time so far). Returns the CPU time over all runs."""
     from autotailor.tune import training_layout
 
     lr = recipe.lr if lr is None else lr
@@ -158,6 +160,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
     opt = _optimizer(model, recipe, lr)
     params = dict(model.named_parameters())
     start = 0
+    spent = Spent(0.0, 0)
     state = torch.load(ckpt_path, map_location="cpu") if ckpt_path.is_file() else fallback
     if state is not None:
         if state["steps"] != steps:
@@ -165,6 +168,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
                              "pass the same length")
         model.load_state_dict(state["model"])
         start = state["step"]
+        spent = Spent.of(state)
         for k, buf in state["momentum"].items():
             opt.state[params[k]]["momentum_buffer"] = buf.clone()
         for key, buf in state.get("adam", {}).items():
@@ -177,12 +181,13 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
         adam = {f"{slot}.{k}": opt.state[p][slot] for k, p in params.items() for slot in ("exp_avg", "exp_avg_sq")
                 if slot in opt.state[p]}
         atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum,
-                           **({"adam": adam} if adam else {})}, ckpt_path)
+                           **({"adam": adam} if adam else {}), **spent.as_checkpoint()}, ckpt_path)
 
     layout = training_layout(model)
     model.to(memory_format=layout).train()
     t0, losses = time.perf_counter(), []
     for step in range(start, steps):
+        cpu = time.process_time()
         for g in opt.param_groups:
             g["lr"] = lr * lr_factor(step, steps, warmup)
         epoch, i = divmod(step, len(loader))
@@ -193,12 +198,14 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        spent = spent.plus(time.process_time() - cpu)
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             save(step + 1)
             rate = len(losses) * BATCH / (time.perf_counter() - t0)
             log.info("%s step %d/%d loss %.3f (%.0f img/s)", label, step + 1, steps,
                      sum(losses[-50:]) / len(losses[-50:]), rate)
     model.to(memory_format=torch.contiguous_format).eval()
+    return spent
 
 
 def commit_of_head() -> str:
@@ -241,7 +248,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = cifar_models.MODELS[args.model]()
     recipe = RECIPES[MODEL_RECIPES.get(args.model, "sgd")]
-    train(model, loader, steps, ckpt_path, args.checkpoint_every, name, from_snapshot(name), recipe=recipe)
+    spent = train(model, loader, steps, ckpt_path, args.checkpoint_every, name, from_snapshot(name), recipe=recipe)
 
     accuracy = evaluate(model, val)
     out = ARTIFACTS / f"{name}_cifar10.fp16.pt"
@@ -249,12 +256,14 @@ def main() -> None:
     atomic_torch_save(fp16_state(model.state_dict()), out)
     (ARTIFACTS / f"{name}_cifar10.json").write_text(json.dumps(
         {"model": args.model, "epochs": args.epochs, "steps": steps, "batch": BATCH,
-         "test_accuracy": accuracy, "commit": commit_of_head()}, indent=1) + "\n")
+         "test_accuracy": accuracy, "commit": commit_of_head(), "cpu_seconds": round(spent.cpu_seconds, 1),
+         "cpu_counted_steps": spent.counted_steps}, indent=1) + "\n")
     for part in ARTIFACTS.glob(f"{name}_cifar10.ckpt*.pt"):
         part.unlink()
     flag = f" --name {name}" if args.name else ""
     line = (f"- `{out.name}`: `python benchmarks/train_base.py --model {args.model} --epochs {args.epochs:g}{flag}` "
-            f"at commit {commit_of_head()}; {100 * accuracy:.2f} % on the 10,000 CIFAR-10 test images.\n")
+            f"at commit {commit_of_head()}; {100 * accuracy:.2f} % on the 10,000 CIFAR-10 test images; "
+            f"{spent.describe(steps)}.\n")
     readme = ARTIFACTS / "README.md"
     kept = [l for l in readme.read_text().splitlines(keepends=True) if f"`{out.name}`" not in l] \
         if readme.is_file() else []

@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import State, default_cifar10, fp16_state, head_commit, machine, write_results  # noqa: E402
+from common import Spent, State, default_cifar10, fp16_state, head_commit, machine, record_cost, write_results  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
@@ -128,6 +128,9 @@ def supernet(model: str, schedule: str, data: str, work: Path):
             if schedule in KEPT:
                 sn = at.load(folder)
                 torch.save(fp16_state(sn.state_dict()), kept)
+                tuned = torch.load(folder / "tune.ckpt", map_location="cpu", weights_only=False)
+                steps = tuned["config"]["steps"]
+                record_cost(kept, Spent(tuned.get("cpu_seconds", 0.0), steps), steps)
                 print(f"kept the tuned weights in {kept}: add its line to {ARTIFACTS / 'README.md'}", flush=True)
         (folder / "tuned").write_text("done\n")
     return at.load(folder)

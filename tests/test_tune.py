@@ -88,7 +88,11 @@ def test_interrupted_tuning_resumes_exactly(digits, tmp_path, teacher: str, dist
     resumed = _supernet()
     tuner = Tuner(resumed, loader(), config, ckpt)
     assert tuner.resume() and tuner.step == 2  # the checkpoint of step 2; step 3 is redone
+    # the CPU time of the first run's two checkpointed steps carries over, and the rest adds to it
+    first = torch.load(ckpt, weights_only=False)["cpu_seconds"]
+    assert first > 0 and tuner.cpu_seconds == first
     tuner.run()
+    assert tuner.cpu_seconds > first and torch.load(ckpt, weights_only=False)["cpu_seconds"] == tuner.cpu_seconds
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     with pytest.raises(at.AutoTailorError, match="was written with other settings"):
@@ -216,8 +220,11 @@ def test_an_interrupted_fine_tuning_resumes_to_the_same_weights(digits, tmp_path
 
     with pytest.raises(Stop):
         specialize(sn, arch, loader, config, tmp_path / "cut", stop_after_three)
-    assert [p.suffix for p in (tmp_path / "cut").iterdir()] == [".ckpt"]
+    [ckpt] = (tmp_path / "cut").iterdir()
+    assert ckpt.suffix == ".ckpt"
+    before = torch.load(ckpt, weights_only=False)["cpu_seconds"]
     resumed = specialize(sn, arch, loader, config, tmp_path / "cut")
-    assert [p.suffix for p in (tmp_path / "cut").iterdir()] == [".pt"]
+    [kept] = (tmp_path / "cut").iterdir()
+    assert kept.suffix == ".pt" and torch.load(kept)["cpu_seconds"] > before > 0  # both runs' CPU time
     for k, v in whole.state_dict().items():
         assert torch.allclose(v.float(), resumed.state_dict()[k].float(), atol=1e-6), k

@@ -75,6 +75,7 @@ def specialize(sn: SuperNet, arch: Arch, loader: BatchLoader, config: TuneConfig
     with recalibrated(own, arch, calibration):
         net = own.extract(arch).eval()
     with atomic_write(kept) as tmp:
-        torch.save({"arch": arch, "config": dataclasses.asdict(config), "state_dict": net.state_dict()}, tmp)
+        torch.save({"arch": arch, "config": dataclasses.asdict(config), "state_dict": net.state_dict(),
+                    "cpu_seconds": tuner.cpu_seconds}, tmp)
     kept.with_suffix(".ckpt").unlink(missing_ok=True)
     return net

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -173,6 +174,9 @@ class Tuner:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
         self._saved_step = 0
+        # CPU time this process spent in ``run``, summed over every resumed run: what the
+        # training cost, which the last run's clock alone undercounts
+        self.cpu_seconds = 0.0
         self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
@@ -287,7 +291,8 @@ class Tuner:
     # -- checkpoints ---------------------------------------------------------------------------
     def state(self) -> dict:
         return {"step": self.step, "config": dataclasses.asdict(self.config), "model": self.sn.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+                "cpu_seconds": self.cpu_seconds}
 
     def save(self) -> None:
         """Write a checkpoint atomically: a crash during the write keeps the previous one."""
@@ -315,6 +320,7 @@ class Tuner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.step = self._saved_step = state["step"]
+        self.cpu_seconds = float(state.get("cpu_seconds", 0.0))  # absent from older checkpoints
         log.info("resumed from %s at step %d", self.checkpoint, self.step)
         return True
 
@@ -323,8 +329,10 @@ class Tuner:
         self.sn.to(memory_format=self._layout)
         try:
             while self.step < self.config.steps:
+                cpu = time.process_time()
                 result = self.train_step(self.step)
                 self.step += 1
+                self.cpu_seconds += time.process_time() - cpu
                 if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
                     self.save()
                 if on_step is not None:
