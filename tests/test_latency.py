@@ -315,9 +315,12 @@ def test_openvino_kernels_are_timed_without_the_layout_reorders_a_model_does_onc
     backend = make_backend("openvino", threads=1, warmup=3, repeats=20)
     kernel = nn.Sequential(nn.Conv2d(96, 96, 3, padding=1, groups=96), nn.ReLU6()).eval()
     shape = (1, 96, 56, 56)
-    counted = backend.measure(kernel, shape).median_ms
-    wall = backend.time(backend.prepare(kernel, [shape])).median_ms - backend.overhead().median_ms
-    assert 0 < counted < 0.8 * wall, (counted, wall)
+    prepared = backend.prepare(kernel, [shape])
+    # alternated, each the best of three rounds: a busy machine slows one round, not the comparison
+    rounds = [(backend.measure(kernel, shape).median_ms,
+               backend.time(prepared).median_ms - backend.overhead().median_ms) for _ in range(3)]
+    counted, wall = min(c for c, _ in rounds), min(w for _, w in rounds)
+    assert 0 < counted < 0.8 * wall, rounds
     assert backend.settings["timing"] == 2  # tables timed by the wall clock are measured again
 
 
