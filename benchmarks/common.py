@@ -122,9 +122,6 @@ def atomic_torch_save(obj: object, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-COST_KEYS = ("cpu_seconds", "cpu_counted_steps")
-
-
 @dataclass(frozen=True)
 class Spent:
     """CPU time a training took, over ``counted_steps`` of its steps: a run resumed from a
@@ -149,6 +146,9 @@ class Spent:
 
     def as_checkpoint(self) -> dict:
         return {"cpu_seconds": self.cpu_seconds, "cpu_counted_steps": self.counted_steps}
+
+
+COST_KEYS = tuple(Spent(0.0, 0).as_checkpoint())  # what a checkpoint carries of it
 
 
 def _cost_path(artifact: Path) -> Path:
