@@ -130,9 +130,7 @@ def supernet(model: str, schedule: str, data: str, work: Path):
                 torch.save(fp16_state(sn.state_dict()), kept)
                 tuned = torch.load(folder / "tune.ckpt", map_location="cpu", weights_only=False)
                 steps = tuned["config"]["steps"]
-                # a tuning resumed from a checkpoint older than its CPU count counts none of it
-                record_cost(kept, Spent(tuned["cpu_seconds"], steps) if "cpu_seconds" in tuned else Spent(0.0, 0),
-                            steps)
+                record_cost(kept, Spent(tuned.get("cpu_seconds", 0.0), tuned.get("cpu_steps", 0)), steps)
                 print(f"kept the tuned weights in {kept}: add its line to {ARTIFACTS / 'README.md'}", flush=True)
         (folder / "tuned").write_text("done\n")
     return at.load(folder)
