@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Spent
+from autotailor.tune import CpuTime
 
 log = logging.getLogger("adaptivenet")
 
@@ -162,7 +162,7 @@ class BlockScalingNet(nn.Module):
 
 
 def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float = 0.03, seed: int = 0,
-          checkpoint_every: int = 200, fallback: dict | None = None) -> Spent:
+          checkpoint_every: int = 200, fallback: dict | None = None) -> CpuTime:
     """Half the steps branch-wise distillation, half tuning on the labels, each step one sampled
     path's new blocks (SGD with momentum, cosine schedule); the originals stay frozen. Every
     step's path and batch are functions of the seed and the step, and ``checkpoint`` (new
@@ -171,7 +171,7 @@ def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float 
     Returns the CPU time over all runs."""
     params = dict(net.variants.named_parameters())
     opt = torch.optim.SGD(params.values(), lr=lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
-    start, spent = 0, Spent(0.0, 0)
+    start, spent = 0, CpuTime()
     state = torch.load(checkpoint, map_location="cpu") if checkpoint.is_file() else fallback
     if state is not None:
         if state["steps"] != steps:
@@ -179,7 +179,7 @@ def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float 
         net.variants.load_state_dict(state["model"])
         for k, buf in state["momentum"].items():
             opt.state[params[k]]["momentum_buffer"] = buf.clone()
-        start, spent = state["step"], Spent.of(state)
+        start, spent = state["step"], CpuTime.of(state)
         log.info("resumed at step %d of %d", start, steps)
     distill = steps // 2
     net.eval()  # the originals' BatchNorm keeps its statistics
@@ -212,7 +212,7 @@ def train(net: BlockScalingNet, loader, steps: int, checkpoint: Path, lr: float 
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             momentum = {k: opt.state[p]["momentum_buffer"] for k, p in params.items() if "momentum_buffer" in opt.state[p]}
             torch.save({"step": step + 1, "steps": steps, "model": net.variants.state_dict(), "momentum": momentum,
-                        **spent.as_checkpoint()}, checkpoint.with_suffix(".tmp"))
+                        **spent.as_state()}, checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)
             log.info("%s step %d/%d loss %.4f", "distillation" if step < distill else "tuning", step + 1, steps,
                      sum(losses[-50:]) / max(1, len(losses[-50:])))

@@ -77,6 +77,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from autotailor.tune import CpuTime
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -84,7 +86,7 @@ import adaptivenet  # noqa: E402
 import cifar_models  # noqa: E402
 import train_base  # noqa: E402
 import tuning_schedules  # noqa: E402
-from common import (Spent, State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
+from common import (State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
                     machine, record_cost, recorded_cost, save_figure, write_results)
 
 # a model's name, or a train_base.py run's (``--models resnet18_e60``: the same architecture trained
@@ -529,14 +531,14 @@ def _adaptivenet_files(model: str, work: Path, cycle: int) -> tuple[Path, str]:
     return work / model / f"adaptivenet{suffix}.ckpt", f"{model}_adaptivenet{suffix}"
 
 
-def adaptivenet_net(model: str, work: Path, steps: int, data: str) -> tuple[adaptivenet.BlockScalingNet, Spent]:
+def adaptivenet_net(model: str, work: Path, steps: int, data: str) -> tuple[adaptivenet.BlockScalingNet, CpuTime]:
     """The AdaptiveNet-style SuperNet of ``model``, trained for ``cycles`` cycles of ``steps``
     (resumable), each continuing the previous one's blocks; and the CPU time of all cycles."""
     from autotailor.data import BatchLoader, load_data
 
     net = adaptivenet.BlockScalingNet(cifar_models.trained(model), cifar_models.architecture(model))
     train, _ = load_data(f"cifar10:{data}", seed=0)
-    total = Spent(0.0, 0)
+    total = CpuTime()
     for cycle in range(1, cycles(model) + 1):
         ckpt, name = _adaptivenet_files(model, work, cycle)
         kept = train_base.from_snapshot(name)
@@ -570,8 +572,8 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: i
     if all(state.get(model, "adaptivenet", f"{b:g}") is not None for b in budgets):
         return
     net, spent = adaptivenet_net(model, work, steps, data)
-    if spent.counted_steps:  # else trained before the time was kept: the cost table's recorded minutes
-        state.put({"train_cpu_seconds": spent.cpu_seconds, "counted_steps": spent.counted_steps,
+    if spent.steps:  # else trained before the time was kept: the cost table's recorded minutes
+        state.put({"train_cpu_seconds": spent.seconds, "counted_steps": spent.steps,
                    "steps": cycles(model) * steps, "cycles": cycles(model)}, model, "adaptivenet_cost")
     table = state.get(model, "adaptivenet_table")
     if table is None:
@@ -787,7 +789,7 @@ def _recorded_minutes(state: State, model: str, method: str) -> str | None:
         return recorded_cost([nestdnn_artifact(model, r, c) for r in RATIOS for c in range(1, cycles(model) + 1)])
     cost = state.get(model, "adaptivenet_cost") or {}
     if method == "adaptivenet" and cost.get("counted_steps"):
-        return Spent(cost["train_cpu_seconds"], cost["counted_steps"]).describe(cost["steps"])
+        return CpuTime(cost["train_cpu_seconds"], cost["counted_steps"]).describe(cost["steps"])
     return None
 
 

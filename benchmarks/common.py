@@ -7,12 +7,13 @@ import json
 import os
 import platform
 import subprocess
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from autotailor.tune import CpuTime
 
 
 def head_commit() -> str:
@@ -122,44 +123,16 @@ def atomic_torch_save(obj: object, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-@dataclass(frozen=True)
-class Spent:
-    """CPU time a training took, over ``counted_steps`` of its steps: a run resumed from a
-    checkpoint written before the time was kept counts only the steps after it."""
-    cpu_seconds: float
-    counted_steps: int
-
-    @classmethod
-    def of(cls, checkpoint: dict) -> "Spent":
-        return cls(float(checkpoint.get("cpu_seconds", 0.0)), int(checkpoint.get("cpu_counted_steps", 0)))
-
-    def plus(self, seconds: float) -> "Spent":
-        """One step more, of ``seconds``."""
-        return Spent(self.cpu_seconds + seconds, self.counted_steps + 1)
-
-    def __add__(self, other: "Spent") -> "Spent":
-        return Spent(self.cpu_seconds + other.cpu_seconds, self.counted_steps + other.counted_steps)
-
-    def describe(self, steps: int) -> str:
-        counted = "" if self.counted_steps >= steps else f" over the {self.counted_steps:,} of {steps:,} steps timed"
-        return f"{self.cpu_seconds / 60:.0f} CPU-minutes{counted}"
-
-    def as_checkpoint(self) -> dict:
-        return {"cpu_seconds": self.cpu_seconds, "cpu_counted_steps": self.counted_steps}
-
-
-COST_KEYS = tuple(Spent(0.0, 0).as_checkpoint())  # what a checkpoint carries of it
 
 
 def _cost_path(artifact: Path) -> Path:
     return artifact.with_name(artifact.name.removesuffix(".fp16.pt") + ".cost.json")
 
 
-def record_cost(artifact: Path, spent: Spent, steps: int) -> None:
+def record_cost(artifact: Path, spent: CpuTime, steps: int) -> None:
     """Beside ``artifact``: the CPU time its training of ``steps`` took (``spent``), so that a
     later session's cost table counts what made it."""
-    _cost_path(artifact).write_text(json.dumps({"cpu_seconds": round(spent.cpu_seconds, 1), "steps": steps,
-                                                "counted_steps": spent.counted_steps, "commit": head_commit()}) + "\n")
+    _cost_path(artifact).write_text(json.dumps({**spent.as_state(), "steps": steps, "commit": head_commit()}) + "\n")
 
 
 def recorded_cost(artifacts: list[Path]) -> str | None:
@@ -169,8 +142,7 @@ def recorded_cost(artifacts: list[Path]) -> str | None:
     if not paths or not all(p.is_file() for p in paths):
         return None
     records = [json.loads(p.read_text()) for p in paths]
-    steps, counted = sum(r["steps"] for r in records), sum(r["counted_steps"] for r in records)
-    return Spent(sum(r["cpu_seconds"] for r in records), counted).describe(steps)
+    return sum((CpuTime.of(r) for r in records), CpuTime()).describe(sum(r["steps"] for r in records))
 
 
 def default_cifar10() -> str:

@@ -44,11 +44,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from autotailor.tune import CpuTime
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import cifar_models  # noqa: E402
-from common import COST_KEYS, Spent, atomic_torch_save, default_cifar10, fp16_state, fp32_state  # noqa: E402
+from common import atomic_torch_save, default_cifar10, fp16_state, fp32_state  # noqa: E402
 
 ARTIFACTS = HERE / "artifacts"
 BATCH = 64
@@ -101,7 +103,7 @@ def snapshot(name: str, ckpt: dict) -> list[Path]:
     for i, part in enumerate(_split_fp16(flat)):
         path = ARTIFACTS / f"{name}_cifar10.ckpt{i}.pt"
         atomic_torch_save({"step": ckpt["step"], "steps": ckpt["steps"], "tensors": part,
-                           **{k: ckpt[k] for k in COST_KEYS if k in ckpt}}, path)
+                           **CpuTime.of(ckpt).as_state()}, path)
         paths.append(path)
     for stale in ARTIFACTS.glob(f"{name}_cifar10.ckpt*.pt"):
         if stale not in paths:
@@ -122,7 +124,7 @@ def from_snapshot(name: str) -> dict | None:
     adam = {k: v.square() if k.startswith("exp_avg_sq.") else v for k, v in unpack("adam.").items()}
     return {"step": loaded[0]["step"], "steps": loaded[0]["steps"], "model": unpack("model."),
             "momentum": unpack("momentum."), **({"adam": adam} if adam else {}),
-            **{k: loaded[0][k] for k in COST_KEYS if k in loaded[0]}}
+            **CpuTime.of(loaded[0]).as_state()}
 
 
 def evaluate(model: torch.nn.Module, val) -> float:
@@ -148,7 +150,7 @@ def _optimizer(model: torch.nn.Module, recipe: Recipe, lr: float) -> torch.optim
 
 def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoint_every: int, label: str,
           fallback: dict | None = None, lr: float | None = None, warmup: int | None = None,
-          recipe: Recipe = RECIPES["sgd"]) -> Spent:
+          recipe: Recipe = RECIPES["sgd"]) -> CpuTime:
     """Train ``model`` in place for ``steps`` batches of ``loader`` with ``recipe`` (``lr`` and
     ``warmup`` the recipe's unless given), resuming from ``ckpt_path`` (else from ``fallback``,
     a checkpoint dict) and writing it every ``checkpoint_every`` steps (fp32 weights, the
@@ -160,7 +162,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
     opt = _optimizer(model, recipe, lr)
     params = dict(model.named_parameters())
     start = 0
-    spent = Spent(0.0, 0)
+    spent = CpuTime()
     state = torch.load(ckpt_path, map_location="cpu") if ckpt_path.is_file() else fallback
     if state is not None:
         if state["steps"] != steps:
@@ -168,7 +170,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
                              "pass the same length")
         model.load_state_dict(state["model"])
         start = state["step"]
-        spent = Spent.of(state)
+        spent = CpuTime.of(state)
         for k, buf in state["momentum"].items():
             opt.state[params[k]]["momentum_buffer"] = buf.clone()
         for key, buf in state.get("adam", {}).items():
@@ -181,7 +183,7 @@ def train(model: torch.nn.Module, loader, steps: int, ckpt_path: Path, checkpoin
         adam = {f"{slot}.{k}": opt.state[p][slot] for k, p in params.items() for slot in ("exp_avg", "exp_avg_sq")
                 if slot in opt.state[p]}
         atomic_torch_save({"step": step, "steps": steps, "model": model.state_dict(), "momentum": momentum,
-                           **({"adam": adam} if adam else {}), **spent.as_checkpoint()}, ckpt_path)
+                           **({"adam": adam} if adam else {}), **spent.as_state()}, ckpt_path)
 
     layout = training_layout(model)
     model.to(memory_format=layout).train()
@@ -256,8 +258,8 @@ def main() -> None:
     atomic_torch_save(fp16_state(model.state_dict()), out)
     (ARTIFACTS / f"{name}_cifar10.json").write_text(json.dumps(
         {"model": args.model, "epochs": args.epochs, "steps": steps, "batch": BATCH,
-         "test_accuracy": accuracy, "commit": commit_of_head(), "cpu_seconds": round(spent.cpu_seconds, 1),
-         "cpu_counted_steps": spent.counted_steps}, indent=1) + "\n")
+         "test_accuracy": accuracy, "commit": commit_of_head(), "cpu_seconds": round(spent.seconds, 1),
+         "cpu_steps": spent.steps}, indent=1) + "\n")
     for part in ARTIFACTS.glob(f"{name}_cifar10.ckpt*.pt"):
         part.unlink()
     flag = f" --name {name}" if args.name else ""

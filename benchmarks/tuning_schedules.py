@@ -33,10 +33,12 @@ import sys
 import time
 from pathlib import Path
 
+from autotailor.tune import CpuTime
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import Spent, State, default_cifar10, fp16_state, head_commit, machine, record_cost, write_results  # noqa: E402
+from common import State, default_cifar10, fp16_state, head_commit, machine, record_cost, write_results  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
@@ -130,7 +132,7 @@ def supernet(model: str, schedule: str, data: str, work: Path):
                 torch.save(fp16_state(sn.state_dict()), kept)
                 tuned = torch.load(folder / "tune.ckpt", map_location="cpu", weights_only=False)
                 steps = tuned["config"]["steps"]
-                record_cost(kept, Spent(tuned.get("cpu_seconds", 0.0), tuned.get("cpu_steps", 0)), steps)
+                record_cost(kept, CpuTime.of(tuned), steps)
                 print(f"kept the tuned weights in {kept}: add its line to {ARTIFACTS / 'README.md'}", flush=True)
         (folder / "tuned").write_text("done\n")
     return at.load(folder)

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import autotailor as at
 from autotailor.data import BatchLoader, load_data
-from autotailor.tune import TuneConfig, Tuner, evaluate, specialize, specialize_config
+from autotailor.tune import CpuTime, TuneConfig, Tuner, evaluate, specialize, specialize_config
 from autotailor.tune.evaluate import accuracy
 from autotailor.tune.specialize import specialized_path
 from autotailor.tune.tuner import ALPHA_CLIP, DISTILL_LOSSES
@@ -90,10 +90,10 @@ def test_interrupted_tuning_resumes_exactly(digits, tmp_path, teacher: str, dist
     assert tuner.resume() and tuner.step == 2  # the checkpoint of step 2; step 3 is redone
     # the CPU time of the first run's two checkpointed steps carries over, and the rest adds to it
     first = torch.load(ckpt, weights_only=False)["cpu_seconds"]
-    assert first > 0 and tuner.cpu_seconds == first and tuner.cpu_steps == 2
+    assert first > 0 and tuner.cpu == CpuTime(first, 2)
     tuner.run()
     saved = torch.load(ckpt, weights_only=False)
-    assert tuner.cpu_seconds > first and (saved["cpu_seconds"], saved["cpu_steps"]) == (tuner.cpu_seconds, 6)
+    assert tuner.cpu.seconds > first and CpuTime.of(saved) == tuner.cpu and tuner.cpu.steps == 6
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     with pytest.raises(at.AutoTailorError, match="was written with other settings"):
@@ -226,6 +226,7 @@ def test_an_interrupted_fine_tuning_resumes_to_the_same_weights(digits, tmp_path
     before = torch.load(ckpt, weights_only=False)["cpu_seconds"]
     resumed = specialize(sn, arch, loader, config, tmp_path / "cut")
     [kept] = (tmp_path / "cut").iterdir()
-    assert kept.suffix == ".pt" and torch.load(kept)["cpu_seconds"] > before > 0  # both runs' CPU time
+    spent = CpuTime.of(torch.load(kept))
+    assert kept.suffix == ".pt" and spent.seconds > before > 0 and spent.steps == config.steps  # both runs' CPU time
     for k, v in whole.state_dict().items():
         assert torch.allclose(v.float(), resumed.state_dict()[k].float(), atol=1e-6), k

@@ -185,9 +185,8 @@ def tune_step(work: str | Path, data: str, config, name: str = "tune", batch_siz
         tuner.run(on_step)
     if rank == 0:
         sn.save(Path(work) / "supernet.pt")
-        timed = "" if tuner.cpu_steps >= tuner.step else f" over the {tuner.cpu_steps} steps timed"
-        say(f"{name}: {tuner.step} steps on {tuner.world} process(es) in {tuner.cpu_seconds / 60:.1f} CPU-minutes "
-            f"(this process, over all runs{timed}); weights in {work}/supernet.pt")
+        say(f"{name}: {tuner.step} steps on {tuner.world} process(es) in {tuner.cpu.describe(tuner.step)} "
+            f"(this process, over all runs); weights in {work}/supernet.pt")
     return tuner
 
 

@@ -76,6 +76,6 @@ def specialize(sn: SuperNet, arch: Arch, loader: BatchLoader, config: TuneConfig
         net = own.extract(arch).eval()
     with atomic_write(kept) as tmp:
         torch.save({"arch": arch, "config": dataclasses.asdict(config), "state_dict": net.state_dict(),
-                    "cpu_seconds": tuner.cpu_seconds}, tmp)
+                    **tuner.cpu.as_state()}, tmp)
     kept.with_suffix(".ckpt").unlink(missing_ok=True)
     return net

@@ -37,6 +37,7 @@ from autotailor.errors import AutoTailorError, TrainingError
 from autotailor.files import atomic_write
 from autotailor.settings import merge_settings
 from autotailor.supernet import Arch, SuperNet
+from autotailor.tune.cputime import CpuTime
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +175,8 @@ class Tuner:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
         self._saved_step = 0
-        # CPU time this process spent in ``run``, summed over every resumed run (what the
-        # training cost, which the last run's clock alone undercounts), and the steps it covers:
-        # fewer than ``step`` after resuming a checkpoint that did not keep it
-        self.cpu_seconds = 0.0
-        self.cpu_steps = 0
+        # summed over every resumed run: what the training cost, which the last run's clock undercounts
+        self.cpu = CpuTime()
         self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
@@ -294,7 +292,7 @@ class Tuner:
     def state(self) -> dict:
         return {"step": self.step, "config": dataclasses.asdict(self.config), "model": self.sn.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
-                "cpu_seconds": self.cpu_seconds, "cpu_steps": self.cpu_steps}
+                **self.cpu.as_state()}
 
     def save(self) -> None:
         """Write a checkpoint atomically: a crash during the write keeps the previous one."""
@@ -322,8 +320,7 @@ class Tuner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.step = self._saved_step = state["step"]
-        self.cpu_seconds = float(state.get("cpu_seconds", 0.0))  # absent from older checkpoints
-        self.cpu_steps = int(state.get("cpu_steps", 0))
+        self.cpu = CpuTime.of(state)
         log.info("resumed from %s at step %d", self.checkpoint, self.step)
         return True
 
@@ -335,8 +332,7 @@ class Tuner:
                 cpu = time.process_time()
                 result = self.train_step(self.step)
                 self.step += 1
-                self.cpu_seconds += time.process_time() - cpu
-                self.cpu_steps += 1
+                self.cpu = self.cpu.plus(time.process_time() - cpu)
                 if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
                     self.save()
                 if on_step is not None:
