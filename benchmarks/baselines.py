@@ -573,8 +573,7 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: i
         return
     net, spent = adaptivenet_net(model, work, steps, data)
     if spent.steps:  # else trained before the time was kept: the cost table's recorded minutes
-        state.put({"train_cpu_seconds": spent.seconds, "counted_steps": spent.steps,
-                   "steps": cycles(model) * steps, "cycles": cycles(model)}, model, "adaptivenet_cost")
+        state.put({**spent.as_state(), "steps": cycles(model) * steps, "cycles": cycles(model)}, model, "adaptivenet_cost")
     table = state.get(model, "adaptivenet_table")
     if table is None:
         name, options = parse_device(DEVICE)
@@ -788,8 +787,8 @@ def _recorded_minutes(state: State, model: str, method: str) -> str | None:
     if method == "nestdnn":
         return recorded_cost([nestdnn_artifact(model, r, c) for r in RATIOS for c in range(1, cycles(model) + 1)])
     cost = state.get(model, "adaptivenet_cost") or {}
-    if method == "adaptivenet" and cost.get("counted_steps"):
-        return CpuTime(cost["train_cpu_seconds"], cost["counted_steps"]).describe(cost["steps"])
+    if method == "adaptivenet" and cost:
+        return CpuTime.of(cost).describe(cost["steps"])
     return None
 
 

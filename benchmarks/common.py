@@ -123,8 +123,6 @@ def atomic_torch_save(obj: object, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-
-
 def _cost_path(artifact: Path) -> Path:
     return artifact.with_name(artifact.name.removesuffix(".fp16.pt") + ".cost.json")
 

@@ -33,4 +33,3 @@ class CpuTime:
         """"12.3 CPU-minutes", saying which part of the training's ``steps`` it covers."""
         timed = "" if self.steps >= steps else f" over the {self.steps:,} of {steps:,} steps timed"
         return f"{self.seconds / 60:.1f} CPU-minutes{timed}"
-
