@@ -787,8 +787,9 @@ def _recorded_minutes(state: State, model: str, method: str) -> str | None:
     if method == "nestdnn":
         return recorded_cost([nestdnn_artifact(model, r, c) for r in RATIOS for c in range(1, cycles(model) + 1)])
     cost = state.get(model, "adaptivenet_cost") or {}
-    if method == "adaptivenet" and cost:
-        return CpuTime.of(cost).describe(cost["steps"])
+    timed = CpuTime.of(cost)
+    if method == "adaptivenet" and timed.steps:  # else trained before the time was kept
+        return timed.describe(cost["steps"])
     return None
 
 
