@@ -197,6 +197,7 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
     from autotailor.tune import evaluate
 
     folder = autotailor_work(model, data, work, multiple)
+    state.put(_autotailor_cost(folder), model, "autotailor_cost")
     sn = at.load(folder)
     costs = CostModel(KernelPlan(sn, "none"))
     batches, calibration = _test_batches(data)
@@ -270,11 +271,10 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
         size = sn.input_shape(point["arch"])[-1]
         if not measured:
             wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
+            timed = CpuTime.of(torch.load(path, map_location="cpu"))  # over every run of the fine-tuning
             done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
                     "wrong": wrong, "steps": config.steps, "lr": config.lr,
-                    # over every run of the fine-tuning (kept in its file), else this run's
-                    "train_cpu_seconds": torch.load(path, map_location="cpu").get("cpu_seconds",
-                                                                                  time.process_time() - cpu),
+                    "train_cpu_seconds": timed.seconds, "train_cpu_steps": timed.steps,
                     "train_seconds": time.perf_counter() - started}
         done["validation"] = {"alone": accuracy(net, val.val, size),
                               "shared": evaluate(sn, sn.space.complete(point["arch"]), val.val, val.calibration)}
@@ -334,6 +334,7 @@ def forget_autotailor(state: State, model: str, multiple: int) -> None:
     state.put({}, model, "alone")
     state.put({}, model, "nestdnn_arch")
     state.put(None, model, "autotailor_budgets")
+    state.put(None, model, "autotailor_cost")
     points = state.get(model, "nestdnn") or {}
     if any(p.get("cycles", 1) != cycles(model) for p in points.values()):
         state.put({}, model, "nestdnn")
@@ -718,37 +719,42 @@ TRAIN_MINUTES = {("resnet18", "autotailor"): "about 60 + 38 + 75", ("mobilenet_v
                  ("mobilenet_v2", "nestdnn"): "69 (5 x 4-31) + 57 (5 x 4-21) + 52 (5 x 4-26)"}
 
 
-def costs(state: State, model: str, work: Path) -> list[dict]:
+def _autotailor_cost(folder: Path) -> dict[str, str]:
+    """What the profiling, the sensitivity measurement and the search in the AutoTailor work
+    ``folder`` spent, as the cost table's cells (kept in the state: the folder does not outlive
+    the machine)."""
+    import sqlite3
+
+    sens = json.loads((folder / "sensitivity.json").read_text())
+    search = json.loads((folder / "search.json").read_text())
+    finalists = json.loads((folder / "finalists.json").read_text()) if (folder / "finalists.json").is_file() else {}
+    with sqlite3.connect(folder / "latency.sqlite") as db:  # the LUT's kernels, both passes
+        kernels, first, last = db.execute("SELECT COUNT(*), MIN(measured_at), MAX(measured_at) FROM entries "
+                                          "WHERE target IN (SELECT id FROM targets WHERE settings NOT LIKE "
+                                          "'%\"model\"%')").fetchone()
+    return {"profiling": f"{kernels} kernel timings in {last - first:.0f} s",
+            "evaluations": f"{len(sens['deltas']) + 1} SubNets on {sens['validation_images']} images "
+                           f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
+            "search": f"{search['seconds']:.1f} s, {search['predictions']} predictions, "
+                      f"{search['verify_rounds']} verify rounds"}
+
+
+def costs(state: State, model: str) -> list[dict]:
     """What each method spent (the paper's Fig. 15): training, in image-steps (images times
     networks trained on them: equal by design) and CPU-minutes as recorded; latency profiling;
     accuracy evaluations; search."""
-    import sqlite3
-
-    folder = work / model / "autotailor"
     rows = []
-    if (folder / "sensitivity.json").is_file() and (folder / "search.json").is_file():
-        sens = json.loads((folder / "sensitivity.json").read_text())
-        search = json.loads((folder / "search.json").read_text())
-        finalists = json.loads((folder / "finalists.json").read_text()) if (folder / "finalists.json").is_file() else {}
-        with sqlite3.connect(folder / "latency.sqlite") as db:  # the LUT's kernels, both passes
-            kernels, first, last = db.execute("SELECT COUNT(*), MIN(measured_at), MAX(measured_at) FROM entries "
-                                              "WHERE target IN (SELECT id FROM targets WHERE settings NOT LIKE "
-                                              "'%\"model\"%')").fetchone()
-        rows.append({"key": "autotailor", "method": "AutoTailor", "image_steps": cycles(model) * STEPS * tuning_schedules.BATCH * 4,
-                     "profiling": f"{kernels} kernel timings in {last - first:.0f} s",
-                     "evaluations": f"{len(sens['deltas']) + 1} SubNets on {sens['validation_images']} images "
-                                    f"({sens['seconds']:.0f} s), then {len(finalists.get('subnets', {}))} finalists",
-                     "search": f"{search['seconds']:.1f} s, {search['predictions']} predictions, "
-                               f"{search['verify_rounds']} verify rounds"})
+    spent = state.get(model, "autotailor_cost")
+    if spent:
+        rows.append({"key": "autotailor", "method": "AutoTailor",
+                     "image_steps": cycles(model) * STEPS * tuning_schedules.BATCH * 4, **spent})
     alone = _alone_trained(state, model)
     if alone:
         rows.append({"key": "alone", "method": "AutoTailor's chosen SubNets fine-tuned alone (on top of the above)",
                      "image_steps": sum(p["steps"] for p in alone.values()) * tuning_schedules.BATCH,
                      "profiling": "none", "search": "none",
                      "evaluations": f"{len(alone)} x 2 (fine-tuned, shared) on the validation images",
-                     "train_cpu_minutes": f"{sum(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f} "
-                                          f"({len(alone)} x {min(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f}"
-                                          f"-{max(p['train_cpu_seconds'] for p in alone.values()) / 60:.0f})"})
+                     "train_cpu_minutes": _alone_minutes(alone)})
     nest = state.get(model, "nestdnn") or {}
     if nest:
         rows.append({"key": "nestdnn", "method": "NestDNN*", "image_steps": sum(p["steps"] for p in nest.values()) * train_base.BATCH,
@@ -791,6 +797,16 @@ def _recorded_minutes(state: State, model: str, method: str) -> str | None:
     if method == "adaptivenet" and timed.steps:  # else trained before the time was kept
         return timed.describe(cost["steps"])
     return None
+
+
+def _alone_minutes(alone: dict[str, dict]) -> str:
+    """The chosen SubNets' fine-tuning in CPU-minutes, in all and the range of one, saying how
+    many of its steps were timed: a record made before the time was kept in the fine-tuned file
+    holds only its own run's CPU time (none, for a file an earlier run finished)."""
+    seconds = [p["train_cpu_seconds"] / 60 for p in alone.values()]
+    timed, steps = sum(p.get("train_cpu_steps", 0) for p in alone.values()), sum(p["steps"] for p in alone.values())
+    cell = f"{sum(seconds):.0f} ({len(seconds)} x {min(seconds):.0f}-{max(seconds):.0f})"
+    return cell if timed >= steps else f"{cell}, at least: {timed:,} of the {steps:,} steps timed"
 
 
 def _alone(state: State, model: str) -> dict[str, dict]:
@@ -928,7 +944,7 @@ def report(state: State) -> None:
                          f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
                          + (f"{100 * fine_tuned[key]['accuracy']:.2f} %{' (exported)' if key in kept else ''} |"
                             if key in fine_tuned else "|"))
-        spent = costs(state, model, state.path.parent)
+        spent = costs(state, model)
         summary.setdefault(model, {})["costs"] = spent
         lines += ["", "Cost of each (the paper's Fig. 15):", "",
                   "| method | training: image-steps | training: CPU-minutes (as recorded) | latency profiling | "
