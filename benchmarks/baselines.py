@@ -764,10 +764,12 @@ def costs(state: State, model: str) -> list[dict]:
         longer = [p for p in (state.get(model, method) or {}).values() if rule.matches(p, extra)]
         if len(longer) == len(RATIOS):
             seconds = [p["train_cpu_seconds"] for p in longer]
+            # as recorded with the kept weights (a run that loads them spends no training), else this run's
+            recorded = recorded_cost([nestdnn_artifact(model, r, cycles(model), extra, rule.lr) for r in RATIOS])
             rows.append({"key": method, "method": f"{rule.label} ({extra:,} batches more a model, lr {rule.lr:g})",
                          "image_steps": sum(p["steps"] for p in longer) * train_base.BATCH,
-                         "train_cpu_minutes": f"as NestDNN*, then {sum(seconds) / 60:.0f} ({len(longer)} x "
-                                              f"{min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})",
+                         "train_cpu_minutes": "as NestDNN*, then " + (recorded or (
+                             f"{sum(seconds) / 60:.0f} ({len(longer)} x {min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})")),
                          "profiling": "none", "evaluations": f"{len(longer)} pruned models",
                          "search": "none (one model a ratio)"})
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
