@@ -768,8 +768,7 @@ def costs(state: State, model: str) -> list[dict]:
             recorded = recorded_cost([nestdnn_artifact(model, r, cycles(model), extra, rule.lr) for r in RATIOS])
             rows.append({"key": method, "method": f"{rule.label} ({extra:,} batches more a model, lr {rule.lr:g})",
                          "image_steps": sum(p["steps"] for p in longer) * train_base.BATCH,
-                         "train_cpu_minutes": "as NestDNN*, then " + (recorded or (
-                             f"{sum(seconds) / 60:.0f} ({len(longer)} x {min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})")),
+                         "train_cpu_minutes": f"as NestDNN*, then {recorded or _spread(seconds)}",
                          "profiling": "none", "evaluations": f"{len(longer)} pruned models",
                          "search": "none (one model a ratio)"})
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
@@ -801,14 +800,19 @@ def _recorded_minutes(state: State, model: str, method: str) -> str | None:
     return None
 
 
+def _spread(seconds: list[float]) -> str:
+    """CPU seconds of several trainings as "total (n x least-most)" minutes."""
+    return f"{sum(seconds) / 60:.0f} ({len(seconds)} x {min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})"
+
+
 def _alone_minutes(alone: dict[str, dict]) -> str:
-    """The chosen SubNets' fine-tuning in CPU-minutes, in all and the range of one, saying how
-    many of its steps were timed: a record made before the time was kept in the fine-tuned file
-    holds only its own run's CPU time (none, for a file an earlier run finished)."""
-    seconds = [p["train_cpu_seconds"] / 60 for p in alone.values()]
-    timed, steps = sum(p.get("train_cpu_steps", 0) for p in alone.values()), sum(p["steps"] for p in alone.values())
-    cell = f"{sum(seconds):.0f} ({len(seconds)} x {min(seconds):.0f}-{max(seconds):.0f})"
-    return cell if timed >= steps else f"{cell}, at least: {timed:,} of the {steps:,} steps timed"
+    """The chosen SubNets' fine-tuning in CPU-minutes, saying how many of its steps were timed: a
+    record made before the time was kept in the fine-tuned file holds only its own run's CPU
+    time (none, for a file an earlier run finished)."""
+    seconds = [p["train_cpu_seconds"] for p in alone.values()]
+    timed = CpuTime(sum(seconds), sum(p.get("train_cpu_steps", 0) for p in alone.values()))
+    return (f"{timed.describe(sum(p['steps'] for p in alone.values()))} "
+            f"({len(seconds)} x {min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})")
 
 
 def _alone(state: State, model: str) -> dict[str, dict]:
