@@ -211,6 +211,9 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
         state.put({}, model, "adaptivenet")
         state.put(None, model, "adaptivenet_table")
         state.put(budgets, model, "autotailor_budgets")
+    # recorded with the first search too: a second driver started later must not take the points
+    # for another schedule's and drop them
+    state.put(tailored(model, multiple), model, "autotailor_schedule")
     for chosen in record.met:
         if state.get(model, "autotailor", chosen.budget) is not None:
             continue
