@@ -41,25 +41,27 @@ def _export(net: torch.nn.Module, shape: tuple[int, ...], path: Path) -> str:
     return str(path)
 
 
-def measure(state: State, model: str, work: Path, rounds: int, tmp: Path) -> dict:
-    """``model``'s AutoTailor and NestDNN* points with ``latency_ms`` from alternated rounds
-    (``ratio_mad``: the rounds' spread), and the largest SubNet's median window."""
+def _name(method: str, key: str, point: dict) -> str:
+    """The ONNX file a point is timed as: budgets that chose one SubNet share it."""
+    return f"autotailor/{json.dumps(point['arch'], sort_keys=True)}" if method == "autotailor" else f"{method}/{key}"
+
+
+def time_model(state: State, model: str, work: Path, rounds: int, tmp: Path) -> dict:
+    """``model``'s AutoTailor SubNets and NestDNN* models timed in alternated rounds: each file's
+    ``ratio`` to the largest SubNet beside it and the rounds' spread (``ratio_mad``), and the
+    largest's median window."""
     import autotailor as at
 
     sn = at.load(work / model / "autotailor")
     files: dict[str, str] = {}
-    points: dict[str, list[dict]] = {"autotailor": [], "nestdnn": []}
     for key, p in (state.get(model, "autotailor") or {}).items():
-        arch = p["arch"]
-        name = f"autotailor/{json.dumps(arch, sort_keys=True)}"  # budgets that chose one SubNet share it
+        name = _name("autotailor", key, p)
         if name not in files:
-            files[name] = _export(sn.extract(arch), tuple(sn.input_shape(arch)), tmp / f"{model}_a{len(files)}.onnx")
-        points["autotailor"].append({**p, "key": key, "name": name})
+            files[name] = _export(sn.extract(p["arch"]), tuple(sn.input_shape(p["arch"])),
+                                  tmp / f"{model}_a{len(files)}.onnx")
     for key, p in (state.get(model, "nestdnn") or {}).items():
-        name = f"nestdnn/{key}"
-        files[name] = _export(baselines.nestdnn_model(model, p["ratio"], baselines.cycles(model)), (1, 3, 32, 32),
-                              tmp / f"{model}_n{key}.onnx")
-        points["nestdnn"].append({**p, "key": key, "name": name})
+        files[_name("nestdnn", key, p)] = _export(baselines.nestdnn_model(model, p["ratio"], baselines.cycles(model)),
+                                                  (1, 3, 32, 32), tmp / f"{model}_n{key}.onnx")
     arch = sn.space.max()
     largest = _export(sn.extract(arch), tuple(sn.input_shape(arch)), tmp / f"{model}_largest.onnx")
     spec, out = tmp / f"{model}_spec.json", tmp / f"{model}_timed.json"
@@ -67,18 +69,36 @@ def measure(state: State, model: str, work: Path, rounds: int, tmp: Path) -> dic
                                 "largest": largest, "models": files}))
     subprocess.run([sys.executable, str(HERE / "paired_timing.py"), str(spec), str(out)], check=True)
     timed = json.loads(out.read_text())
-    largest_ms = statistics.median(t["largest_ms"] for t in timed.values())
-    for p in points["autotailor"] + points["nestdnn"]:
-        t = timed[p["name"]]
-        p.update(latency_ms=t["ratio"] * largest_ms, latency_ratio=t["ratio"], ratio_mad=t["ratio_mad"])
-    twins = {p["key"]: p for p in points["autotailor"]}  # fine-tuned alone: its shared twin's architecture
-    points["alone"] = [{**p, **{k: twins[p["key"]][k] for k in ("latency_ms", "latency_ratio", "ratio_mad")}}
-                       for p in baselines.alone_front(state, model)]
-    twins = {p["key"]: p for p in points["nestdnn"]}  # trained longer: the same pruned architecture
+    return {"largest_ms": statistics.median(t["largest_ms"] for t in timed.values()),
+            "timed": {name: {"ratio": t["ratio"], "ratio_mad": t["ratio_mad"]} for name, t in timed.items()}}
+
+
+def _written_timing(got: dict) -> dict:
+    """The timing a model's points in a written ``baselines_paired.json`` carry (``time_model``'s form)."""
+    return {"largest_ms": got["largest_ms"],
+            "timed": {p["name"]: {"ratio": p["latency_ratio"], "ratio_mad": p["ratio_mad"]}
+                      for method in ("autotailor", "nestdnn") for p in got[method]}}
+
+
+def points(state: State, model: str, timing: dict) -> dict:
+    """``model``'s AutoTailor and NestDNN* points with ``latency_ms`` from ``timing``, and the
+    fronts that share their architectures' latencies: fine-tuned alone, NestDNN* trained longer."""
+    got: dict = {"largest_ms": timing["largest_ms"]}
+    for method in ("autotailor", "nestdnn"):
+        got[method] = []
+        for key, p in (state.get(model, method) or {}).items():
+            name = _name(method, key, p)
+            t = timing["timed"][name]
+            got[method].append({**p, "key": key, "name": name, "latency_ms": t["ratio"] * timing["largest_ms"],
+                                "latency_ratio": t["ratio"], "ratio_mad": t["ratio_mad"]})
+    shared = ("latency_ms", "latency_ratio", "ratio_mad")
+    twins = {p["key"]: p for p in got["autotailor"]}  # fine-tuned alone: its shared twin's architecture
+    got["alone"] = [{**p, **{k: twins[p["key"]][k] for k in shared}} for p in baselines.alone_front(state, model)]
+    twins = {p["key"]: p for p in got["nestdnn"]}  # trained longer: the same pruned architecture
     for method in baselines.EQUAL_COSTS:
-        points[method] = [{**p, **{k: twins[f"{p['ratio']:g}"][k] for k in ("latency_ms", "latency_ratio", "ratio_mad")}}
-                          for p in baselines.longer_nestdnn_front(state, model, method)]
-    return {"largest_ms": largest_ms, **points}
+        got[method] = [{**p, **{k: twins[f"{p['ratio']:g}"][k] for k in shared}}
+                       for p in baselines.longer_nestdnn_front(state, model, method)]
+    return got
 
 
 def main() -> None:
@@ -95,52 +115,61 @@ def main() -> None:
     m = machine("torch", "onnxruntime", "torch_pruning")
     lines = ["# AutoTailor against NestDNN*, every latency timed in alternated rounds (CIFAR-10, ONNX Runtime 1 thread)",
              "", f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}; commit {head_commit()}. "
-             f"Command: `{command}`. Each point's latency: the median over {args.rounds} rounds of its 30-call window's "
+             f"Command: `{command}` (each model's section names the run that timed it; models not in `--models` keep "
+             f"their committed timings). Each point's latency: the median over {args.rounds} rounds of its 30-call window's "
              "ratio to the largest SubNet's beside it, times the largest's median window; in brackets the rounds' "
              "median absolute deviation of that ratio. Accuracies and their standard errors as in `baselines.md`.", ""]
-    results = {}
+    # models not timed by this run keep their committed timings (their work folders may be gone)
+    written = HERE / "results" / "baselines_paired.json"
+    kept = json.loads(written.read_text()) if written.is_file() else {"models": {}}
+    timings = {model: (_written_timing(got), got.get("timed_by") or {k: kept[k] for k in ("commit", "command")})
+               for model, got in kept["models"].items() if state.get(model, "autotailor")}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            if not state.get(model, "nestdnn") or not state.get(model, "autotailor"):
+            if state.get(model, "nestdnn") and state.get(model, "autotailor"):
+                timings[model] = (time_model(state, model, work, args.rounds, Path(tmp)),
+                                  {"commit": head_commit(), "command": command})
+    results = {}
+    for model, (timing, timed_by) in timings.items():
+        got = results[model] = {**points(state, model, timing), "timed_by": timed_by}
+        rows, alone = (baselines.compare(got[front], got["nestdnn"]) for front in ("autotailor", "alone"))
+        got["rows"], got["rows_alone"] = ([{k: v for k, v in r.items() if k != "baseline"}
+                                           | {"ratio": r["baseline"]["ratio"]} for r in found] for found in (rows, alone))
+        header = ("| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
+                  "AutoTailor latency at equal accuracy |" + (" with --finetune-steps: at equal latency | "
+                                                               "at equal accuracy |" if alone else ""))
+        lines += [f"## {model}", "", f"Timed at commit {timed_by['commit']}: `{timed_by['command']}`. "
+                  f"Largest SubNet: {got['largest_ms']:.3f} ms.", "", header,
+                  "|---" * header.count(" | ") + "|---|"]
+        for i, r in enumerate(rows):
+            b = r["baseline"]
+            lines.append(f"| {b['ratio']:g} | {b['latency_ms']:.3f} ms (±{100 * b['ratio_mad']:.0f} %) | "
+                         f"{100 * b['accuracy']:.2f} % | "
+                         + " | ".join(f"{baselines.gain_cell(c)} | {baselines.change_cell(c)}"
+                                      for c in [r, *alone[i:i + 1]]) + " |")
+        for method, rule in baselines.EQUAL_COSTS.items():
+            if not got[method] or not got["alone"]:
                 continue
-            got = results[model] = measure(state, model, work, args.rounds, Path(tmp))
-            rows, alone = (baselines.compare(got[front], got["nestdnn"]) for front in ("autotailor", "alone"))
-            got["rows"], got["rows_alone"] = ([{k: v for k, v in r.items() if k != "baseline"}
-                                               | {"ratio": r["baseline"]["ratio"]} for r in found] for found in (rows, alone))
-            header = ("| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
-                      "AutoTailor latency at equal accuracy |" + (" with --finetune-steps: at equal latency | "
-                                                                   "at equal accuracy |" if alone else ""))
-            lines += [f"## {model}", "", f"Largest SubNet: {got['largest_ms']:.3f} ms.", "", header,
-                      "|---" * header.count(" | ") + "|---|"]
-            for i, r in enumerate(rows):
-                b = r["baseline"]
-                lines.append(f"| {b['ratio']:g} | {b['latency_ms']:.3f} ms (±{100 * b['ratio_mad']:.0f} %) | "
-                             f"{100 * b['accuracy']:.2f} % | "
-                             + " | ".join(f"{baselines.gain_cell(c)} | {baselines.change_cell(c)}"
-                                          for c in [r, *alone[i:i + 1]]) + " |")
-            for method, rule in baselines.EQUAL_COSTS.items():
-                if not got[method] or not got["alone"]:
-                    continue
-                fair = baselines.compare(got["alone"], got[method])
-                got[f"rows_{method}"] = [{k: v for k, v in r.items() if k != "baseline"}
-                                         | {"ratio": r["baseline"]["ratio"]} for r in fair]
-                lines += ["", f"{rule.label}: NestDNN* trained {rule.extra_steps(state, model):,} batches more "
-                          "a ratio, as in `baselines.md`.", "",
-                          "| NestDNN* ratio | latency | accuracy | AutoTailor with --finetune-steps at equal latency | "
-                          "at equal accuracy |", "|---|---|---|---|---|"]
-                lines += [f"| {r['baseline']['ratio']:g} | {r['baseline']['latency_ms']:.3f} ms | "
-                          f"{100 * r['baseline']['accuracy']:.2f} % | {baselines.gain_cell(r)} | "
-                          f"{baselines.change_cell(r)} |" for r in fair]
-            by_key = {a["key"]: a for a in got["alone"]}
-            lines += ["", "| AutoTailor budget | latency | accuracy (test) | MACs | exported with --finetune-steps |",
-                      "|---|---|---|---|---|"]
-            lines += [f"| {a['key']} | {a['latency_ms']:.3f} ms (±{100 * a['ratio_mad']:.0f} %) | "
-                      f"{100 * a['accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
-                      + (f"{100 * by_key[a['key']]['accuracy']:.2f} % "
-                         f"({'fine-tuned' if by_key[a['key']]['fine_tuned'] else 'shared'}) |" if a["key"] in by_key
-                         else "|")
-                      for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
-            lines.append("")
+            fair = baselines.compare(got["alone"], got[method])
+            got[f"rows_{method}"] = [{k: v for k, v in r.items() if k != "baseline"}
+                                     | {"ratio": r["baseline"]["ratio"]} for r in fair]
+            lines += ["", f"{rule.label}: NestDNN* trained {rule.extra_steps(state, model):,} batches more "
+                      "a ratio, as in `baselines.md`.", "",
+                      "| NestDNN* ratio | latency | accuracy | AutoTailor with --finetune-steps at equal latency | "
+                      "at equal accuracy |", "|---|---|---|---|---|"]
+            lines += [f"| {r['baseline']['ratio']:g} | {r['baseline']['latency_ms']:.3f} ms | "
+                      f"{100 * r['baseline']['accuracy']:.2f} % | {baselines.gain_cell(r)} | "
+                      f"{baselines.change_cell(r)} |" for r in fair]
+        by_key = {a["key"]: a for a in got["alone"]}
+        lines += ["", "| AutoTailor budget | latency | accuracy (test) | MACs | exported with --finetune-steps |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {a['key']} | {a['latency_ms']:.3f} ms (±{100 * a['ratio_mad']:.0f} %) | "
+                  f"{100 * a['accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
+                  + (f"{100 * by_key[a['key']]['accuracy']:.2f} % "
+                     f"({'fine-tuned' if by_key[a['key']]['fine_tuned'] else 'shared'}) |" if a["key"] in by_key
+                     else "|")
+                  for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
+        lines.append("")
     for got in results.values():  # the JSON keeps what was timed, not the test images' error masks
         for p in (p for method in ("autotailor", "nestdnn", "alone", *baselines.EQUAL_COSTS) for p in got[method]):
             p.pop("wrong", None)
