@@ -88,6 +88,8 @@ def points(state: State, model: str, timing: dict) -> dict:
         got[method] = []
         for key, p in (state.get(model, method) or {}).items():
             name = _name(method, key, p)
+            if name not in timing["timed"]:  # searched or pruned again since its committed timing
+                raise SystemExit(f"{model}'s {method} point {key} has no paired timing: run with --models {model}")
             t = timing["timed"][name]
             got[method].append({**p, "key": key, "name": name, "latency_ms": t["ratio"] * timing["largest_ms"],
                                 "latency_ratio": t["ratio"], "ratio_mad": t["ratio_mad"]})
