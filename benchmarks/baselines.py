@@ -771,7 +771,7 @@ def costs(state: State, model: str) -> list[dict]:
             recorded = recorded_cost([nestdnn_artifact(model, r, cycles(model), extra, rule.lr) for r in RATIOS])
             rows.append({"key": method, "method": f"{rule.label} ({extra:,} batches more a model, lr {rule.lr:g})",
                          "image_steps": sum(p["steps"] for p in longer) * train_base.BATCH,
-                         "train_cpu_minutes": f"as NestDNN*, then {recorded or _spread(seconds)}",
+                         "train_cpu_minutes": f"as NestDNN*, then {recorded or f'{sum(seconds) / 60:.0f} {_range(seconds)}'}",
                          "profiling": "none", "evaluations": f"{len(longer)} pruned models",
                          "search": "none (one model a ratio)"})
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
@@ -803,9 +803,9 @@ def _recorded_minutes(state: State, model: str, method: str) -> str | None:
     return None
 
 
-def _spread(seconds: list[float]) -> str:
-    """CPU seconds of several trainings as "total (n x least-most)" minutes."""
-    return f"{sum(seconds) / 60:.0f} ({len(seconds)} x {min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})"
+def _range(seconds: list[float]) -> str:
+    """CPU seconds of several trainings as "(n x least-most)" minutes."""
+    return f"({len(seconds)} x {min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})"
 
 
 def _alone_minutes(alone: dict[str, dict]) -> str:
@@ -814,8 +814,7 @@ def _alone_minutes(alone: dict[str, dict]) -> str:
     time (none, for a file an earlier run finished)."""
     seconds = [p["train_cpu_seconds"] for p in alone.values()]
     timed = CpuTime(sum(seconds), sum(p.get("train_cpu_steps", 0) for p in alone.values()))
-    return (f"{timed.describe(sum(p['steps'] for p in alone.values()))} "
-            f"({len(seconds)} x {min(seconds) / 60:.0f}-{max(seconds) / 60:.0f})")
+    return f"{timed.describe(sum(p['steps'] for p in alone.values()))} {_range(seconds)}"
 
 
 def _alone(state: State, model: str) -> dict[str, dict]:

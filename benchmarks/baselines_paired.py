@@ -124,7 +124,7 @@ def main() -> None:
     # models not timed by this run keep their committed timings (their work folders may be gone)
     written = HERE / "results" / "baselines_paired.json"
     kept = json.loads(written.read_text()) if written.is_file() else {"models": {}}
-    timings = {model: (_written_timing(got), got.get("timed_by") or {k: kept[k] for k in ("commit", "command")})
+    timings = {model: (_written_timing(got), got["timed_by"])
                for model, got in kept["models"].items() if state.get(model, "autotailor")}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
