@@ -13,7 +13,9 @@ standard errors.
 
     .venv/bin/python benchmarks/baselines_paired.py --work benchmarks/work/baselines_c3 [--rounds 15]
 
-Needs ``baselines.py``'s state and AutoTailor work folders in ``--work`` (a run of it first).
+Needs ``baselines.py``'s state and AutoTailor work folders in ``--work`` (a run of it first) for
+the ``--models`` it times; the other models in the committed ``baselines_paired.json`` keep their
+timings and have their comparisons made again from the state (``--models ""`` times none).
 Minutes on 2 cores. Results: ``benchmarks/results/baselines_paired.{json,md}``.
 """
 
