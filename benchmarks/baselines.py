@@ -38,6 +38,12 @@ instead, and keeps every artifact under those names):
   AutoTailor's budgets (``ADAPTIVENET_EVERY``: those of an 8-budget search) its Nearby search on
   its own per-block latency table, accuracy measured on the validation sample AutoTailor's
   finalists use.
+- **LegoDNN-style** (``legodnn.py``): each residual block with descendants of its hidden
+  channels pruned (no depth change), retrained block-wise on the original blocks' features for
+  as many image-steps (``LEGODNN_STEPS`` batches a cycle, each training every descendant); each
+  descendant's accuracy drop in the original model measured on that validation sample; for
+  every one of AutoTailor's budgets the combination with the least summed drop under its summed
+  per-block latency (an integer program).
 
 A schedule of several tuning cycles (``tuning_schedules.CONTINUES``: a warm restart from the
 previous cycle's weights) gives each baseline as many cycles of its own, each from the previous
@@ -72,6 +78,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 import numpy as np
@@ -83,7 +90,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import adaptivenet  # noqa: E402
+import block_scaling  # noqa: E402
 import cifar_models  # noqa: E402
+import legodnn  # noqa: E402
 import train_base  # noqa: E402
 import tuning_schedules  # noqa: E402
 from common import (State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
@@ -106,10 +115,26 @@ NESTDNN_STEPS = 4 * STEPS // len(RATIOS)
 # --finetune-steps`): two epochs each at this peak learning rate (docs/tune.md)
 ALONE_STEPS, ALONE_LR = 2 * tuning_schedules.STEPS_PER_EPOCH, 0.01
 ADAPTIVENET_STEPS = 4 * STEPS
+# each LegoDNN-style step trains every block's len(KEEP) descendants: as many image-steps a cycle
+LEGODNN_STEPS = ADAPTIVENET_STEPS // len(legodnn.KEEP)
+
+
+@dataclass(frozen=True)
+class BlockMethod:
+    """A block-scaling baseline: its module (``supernet``, ``train``), its training batches a
+    cycle, and its name in the reports."""
+
+    module: ModuleType
+    steps: int
+    label: str
+
+
+BLOCK_METHODS = {"adaptivenet": BlockMethod(adaptivenet, ADAPTIVENET_STEPS, "AdaptiveNet-style"),
+                 "legodnn": BlockMethod(legodnn, LEGODNN_STEPS, "LegoDNN-style")}
 DEVICE = "ort-cpu:threads=1"
 BUDGETS = 22  # a geometric spread: every third budget is one of an 8-budget search's
 ADAPTIVENET_EVERY = 3  # its Nearby search costs minutes a budget
-METHODS = ("autotailor", "nestdnn", "adaptivenet")
+METHODS = ("autotailor", "nestdnn", "adaptivenet", "legodnn")
 LR, WARMUP = 0.03, 100  # the SuperNet tuning's
 CALIBRATION_IMAGES = 2048
 TEST_IMAGES = 10_000  # CIFAR-10's test split, on which every point is evaluated
@@ -142,14 +167,11 @@ def tailored(model: str, multiple: int) -> str:
     return schedule(model) + ("" if multiple == 1 else f", channel_multiple {multiple}")
 
 
-def autotailor_work(model: str, data: str, work: Path, multiple: int = 1) -> Path:
-    """The work directory of ``model``'s tuned SuperNet in the space of channel ``multiple``,
-    profiled, sensitivities measured and searched (each step skipped when its output is there).
-    The multiple changes the space's channel counts, not the channels' order, so the kept tuned
-    weights fit it."""
+def compiled(model: str, work: Path, multiple: int = 1) -> Path:
+    """The work directory of ``model``'s tuned SuperNet in the space of channel ``multiple``
+    (compiled and its kept tuned weights loaded, if not there yet). The multiple changes the
+    space's channel counts, not the channels' order, so the kept tuned weights fit it."""
     import autotailor as at
-
-    from autotailor.pipeline.results import SearchRecord
 
     folder, made_by = work / model / "autotailor", tailored(model, multiple)
     made = (folder / "schedule").read_text().strip() if (folder / "schedule").is_file() else None
@@ -168,6 +190,15 @@ def autotailor_work(model: str, data: str, work: Path, multiple: int = 1) -> Pat
         sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in torch.load(kept, map_location="cpu").items()})
         sn.save(folder / "supernet.pt")
         (folder / "schedule").write_text(made_by + "\n")
+    return folder
+
+
+def autotailor_work(model: str, data: str, work: Path, multiple: int = 1) -> Path:
+    """The work directory of ``model``'s tuned SuperNet (``compiled``), profiled, sensitivities
+    measured and searched (each step skipped when its output is there)."""
+    from autotailor.pipeline.results import SearchRecord
+
+    folder = compiled(model, work, multiple)
     if not (folder / "latency.sqlite").is_file():
         _cli("profile", str(folder), "--device", DEVICE)
     if not (folder / "sensitivity.json").is_file():
@@ -190,12 +221,18 @@ def _test_batches(data: str) -> tuple[list, list]:
 
 
 def autotailor_points(state: State, model: str, data: str, work: Path, multiple: int) -> None:
-    """The test accuracy, MACs and parameters of every SubNet the search chose."""
+    """The test accuracy, MACs and parameters of every SubNet the search chose. A state that has
+    them for this schedule without the search's folder (a later session's, from the committed
+    results) keeps them: searching again on a new profile would replace every method's points."""
     import autotailor as at
     from autotailor.pipeline.results import SearchRecord
     from autotailor.predict.latency import CostModel, KernelPlan
     from autotailor.tune import evaluate
 
+    searched = (work / model / "autotailor" / "search.json").is_file()
+    if not searched and state.get(model, "autotailor") and state.get(model, "autotailor_schedule") == tailored(model, multiple):
+        log.info("%s: AutoTailor's points kept from the state (delete them to search again)", model)
+        return
     folder = autotailor_work(model, data, work, multiple)
     state.put(_autotailor_cost(folder), model, "autotailor_cost")
     sn = at.load(folder)
@@ -205,11 +242,12 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
     budgets = [c.limits for c in record.choices]
     if state.get(model, "autotailor_budgets") != budgets:
         # a new search, on a new profile (perhaps of another machine): the earlier search's points
-        # go, and AdaptiveNet-style's, searched at its budgets on a latency table measured again
+        # go, and the block-scaling baselines', searched at its budgets on latency tables measured again
         state.put({}, model, "autotailor")
         state.put({}, model, "alone")
-        state.put({}, model, "adaptivenet")
-        state.put(None, model, "adaptivenet_table")
+        for method in BLOCK_METHODS:
+            state.put({}, model, method)
+            state.put(None, model, f"{method}_table")
         state.put(budgets, model, "autotailor_budgets")
     # recorded with the first search too: a second driver started later must not take the points
     # for another schedule's and drop them
@@ -250,20 +288,26 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
     from autotailor.tune.evaluate import accuracy
     from autotailor.tune.specialize import specialized_path
 
+    config = specialize_config(ALONE_STEPS, ALONE_LR)
+
+    def measured(key: str, point: dict) -> bool:
+        done = state.get(model, "alone", key) or {}
+        return done.get("arch") == point["arch"] and (done.get("steps"), done.get("lr")) == (config.steps, config.lr)
+
+    points = state.get(model, "autotailor") or {}
+    if all(measured(key, p) and "validation" in state.get(model, "alone", key) for key, p in points.items()):
+        return
     folder = work / model / "autotailor"
     sn = at.load(folder)
-    config = specialize_config(ALONE_STEPS, ALONE_LR)
     loader = BatchLoader(load_data(f"cifar10:{data}", seed=0)[0], tuning_schedules.BATCH, train=True, resolution=32,
                          seed=config.seed)
     batches, _ = _test_batches(data)
     val = validation_data(sn, folder, None, EvalSettings())
     # the smallest first (each quicker to train), or the largest: a second process meets the first
-    for key, point in sorted((state.get(model, "autotailor") or {}).items(), key=lambda kv: kv[1]["macs"],
-                             reverse=largest_first):
+    for key, point in sorted(points.items(), key=lambda kv: kv[1]["macs"], reverse=largest_first):
         state.reload()  # what the other process finished meanwhile
         done = state.get(model, "alone", key) or {}
-        measured = done.get("arch") == point["arch"] and (done.get("steps"), done.get("lr")) == (config.steps, config.lr)
-        if measured and "validation" in done:
+        if measured(key, point) and "validation" in done:
             continue
         started, cpu = time.perf_counter(), time.process_time()
         path = specialized_path(sn, point["arch"], config, folder / "specialized")
@@ -272,7 +316,7 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
         if time.process_time() - cpu > KEEP_CPU_SECONDS:
             _to_artifact(model, path)
         size = sn.input_shape(point["arch"])[-1]
-        if not measured:
+        if not measured(key, point):
             wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
             timed = CpuTime.of(torch.load(path, map_location="cpu"))  # over every run of the fine-tuning
             done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
@@ -529,67 +573,91 @@ def nestdnn_artifact(model: str, ratio: float, cycle: int = 1, extra: int = 0, l
             f"{'' if cycle == 1 else f'_cycle{cycle}'}{more}.fp16.pt")
 
 
-def _adaptivenet_files(model: str, work: Path, cycle: int) -> tuple[Path, str]:
-    """The checkpoint of ``model``'s AdaptiveNet-style training cycle ``cycle`` and its artifact's name."""
+def _block_files(method: str, model: str, work: Path, cycle: int) -> tuple[Path, str]:
+    """The checkpoint of a block-scaling baseline's training cycle ``cycle`` and its artifact's name."""
     suffix = "" if cycle == 1 else f"_cycle{cycle}"
-    return work / model / f"adaptivenet{suffix}.ckpt", f"{model}_adaptivenet{suffix}"
+    return work / model / f"{method}{suffix}.ckpt", f"{model}_{method}{suffix}"
 
 
-def adaptivenet_net(model: str, work: Path, steps: int, data: str) -> tuple[adaptivenet.BlockScalingNet, CpuTime]:
-    """The AdaptiveNet-style SuperNet of ``model``, trained for ``cycles`` cycles of ``steps``
-    (resumable), each continuing the previous one's blocks; and the CPU time of all cycles."""
+def block_net(method: str, model: str, work: Path, data: str, steps: int | None = None
+              ) -> tuple[block_scaling.BlockScalingNet, CpuTime]:
+    """The block-scaling baseline ``method`` of ``model``, its new blocks trained for ``cycles``
+    cycles of ``steps`` (the method's by default; resumable), each continuing the previous one's;
+    and the CPU time of all cycles."""
     from autotailor.data import BatchLoader, load_data
 
-    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), cifar_models.architecture(model))
+    kind = BLOCK_METHODS[method]
+    net = kind.module.supernet(cifar_models.trained(model), cifar_models.architecture(model))
     train, _ = load_data(f"cifar10:{data}", seed=0)
     total = CpuTime()
     for cycle in range(1, cycles(model) + 1):
-        ckpt, name = _adaptivenet_files(model, work, cycle)
+        ckpt, name = _block_files(method, model, work, cycle)
         kept = train_base.from_snapshot(name)
-        spent = adaptivenet.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps, ckpt, lr=LR,
-                                  fallback=kept)
+        spent = kind.module.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps or kind.steps,
+                                  ckpt, lr=LR, fallback=kept)
         total += spent
-        if kept is None or kept["step"] < steps:  # the trained blocks (without momentum) kept for later sessions
+        if kept is None or kept["step"] < (steps or kind.steps):  # kept for later sessions (no momentum)
             train_base.snapshot(name, {**torch.load(ckpt, map_location="cpu"), "momentum": {}})
     return net, total
 
 
-def _trained_blocks(model: str, work: Path):
-    """The trained AdaptiveNet-style SuperNet of ``model`` from its checkpoint."""
-    net = adaptivenet.BlockScalingNet(cifar_models.trained(model), cifar_models.architecture(model))
-    ckpt, name = _adaptivenet_files(model, work, cycles(model))
+def _trained_blocks(method: str, model: str, work: Path) -> block_scaling.BlockScalingNet:
+    """The trained block-scaling baseline ``method`` of ``model`` from its checkpoint."""
+    net = BLOCK_METHODS[method].module.supernet(cifar_models.trained(model), cifar_models.architecture(model))
+    ckpt, name = _block_files(method, model, work, cycles(model))
     state = torch.load(ckpt, map_location="cpu") if ckpt.is_file() else train_base.from_snapshot(name)
     net.variants.load_state_dict(state["model"])
     return net.eval()
 
 
-def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: int) -> None:
-    """AdaptiveNet's search for each of AutoTailor's budgets (its own latency table, accuracy
-    measured on the same validation images), then each choice's test accuracy."""
-    import torch_pruning as tp
-    from autotailor.pipeline.results import SearchRecord
-    from autotailor.pipeline.workdir import EvalSettings, eval_data
+def _trained_for_search(state: State, method: str, model: str, data: str, work: Path
+                        ) -> tuple[block_scaling.BlockScalingNet, block_scaling.LatencyTable]:
+    """The trained block-scaling baseline (its training's cost kept in the state) and its
+    per-variant latency table, measured on this machine once."""
     from autotailor.predict.latency.backends.base import make_backend, parse_device
 
-    folder = work / model / "autotailor"
-    budgets = [c.limits["latency_ms"] for c in SearchRecord.read(folder).choices][::ADAPTIVENET_EVERY]
-    if all(state.get(model, "adaptivenet", f"{b:g}") is not None for b in budgets):
-        return
-    net, spent = adaptivenet_net(model, work, steps, data)
+    net, spent = block_net(method, model, work, data)
     if spent.steps:  # else trained before the time was kept: the cost table's recorded minutes
-        state.put({**spent.as_state(), "steps": cycles(model) * steps, "cycles": cycles(model)}, model, "adaptivenet_cost")
-    table = state.get(model, "adaptivenet_table")
+        state.put({**spent.as_state(), "steps": cycles(model) * BLOCK_METHODS[method].steps, "cycles": cycles(model)},
+                  model, f"{method}_cost")
+    table = state.get(model, f"{method}_table")
     if table is None:
         name, options = parse_device(DEVICE)
-        table = adaptivenet.LatencyTable.measure(net, make_backend(name, **options), (1, 3, 32, 32)).ms
-        state.put(table, model, "adaptivenet_table")
-    table = adaptivenet.LatencyTable(table)
+        table = block_scaling.LatencyTable.measure(net, make_backend(name, **options), (1, 3, 32, 32)).ms
+        state.put(table, model, f"{method}_table")
+    return net, block_scaling.LatencyTable(table)
+
+
+def _block_point(net: block_scaling.BlockScalingNet, table: block_scaling.LatencyTable, path, batches,
+                 calibration) -> dict:
+    """A block-scaling baseline's chosen path: its test accuracy, MACs, parameters and table latency."""
+    import torch_pruning as tp
+
+    macs, params = tp.utils.count_ops_and_params(net.subnet(path), torch.randn(1, 3, 32, 32))
+    return {"path": [list(c) for c in path], "accuracy": block_scaling.evaluate(net, path, batches, calibration),
+            "macs": int(macs), "params": int(params), "table_ms": table.path_ms(net, path)}
+
+
+def _autotailor_budgets(state: State, model: str) -> list[float]:
+    """The latency budgets of AutoTailor's search, which the block-scaling baselines search too."""
+    return [limits["latency_ms"] for limits in state.get(model, "autotailor_budgets")]
+
+
+def adaptivenet_points(state: State, model: str, data: str, work: Path) -> None:
+    """AdaptiveNet's search for each of AutoTailor's budgets (its own latency table, accuracy
+    measured on the same validation images), then each choice's test accuracy."""
+    from autotailor.pipeline.workdir import EvalSettings, eval_data
+
+    budgets = _autotailor_budgets(state, model)[::ADAPTIVENET_EVERY]
+    if all(state.get(model, "adaptivenet", f"{b:g}") is not None for b in budgets):
+        return
+    net, table = _trained_for_search(state, "adaptivenet", model, data, work)
     val = eval_data(f"cifar10:{data}", 32, EvalSettings())
     measured: dict = {}
 
     def accuracy(path) -> float:
         if path not in measured:
-            measured[path] = adaptivenet.evaluate(net, path, val.val, val.calibration)
+            measured[path] = block_scaling.evaluate(net, path, val.val, val.calibration)
         return measured[path]
 
     batches, calibration = _test_batches(data)
@@ -603,13 +671,56 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path, steps: i
             state.put({"budget_ms": budget, "path": None}, model, "adaptivenet", key)
             continue
         path, val_accuracy = found
-        macs, params = tp.utils.count_ops_and_params(net.subnet(path), torch.randn(1, 3, 32, 32))
-        state.put({"budget_ms": budget, "path": [list(c) for c in path], "val_accuracy": val_accuracy,
-                   "accuracy": adaptivenet.evaluate(net, path, batches, calibration), "macs": int(macs),
-                   "params": int(params), "table_ms": table.path_ms(net, path), "evaluations": len(measured),
+        state.put({"budget_ms": budget, "val_accuracy": val_accuracy,
+                   **_block_point(net, table, path, batches, calibration), "evaluations": len(measured),
                    "search_cpu_seconds": time.process_time() - cpu}, model, "adaptivenet", key)
         print(f"{model} AdaptiveNet {key}: {100 * state.get(model, 'adaptivenet', key, 'accuracy'):.2f} %",
               flush=True)
+
+
+def legodnn_points(state: State, model: str, data: str, work: Path) -> None:
+    """LegoDNN's selection for every one of AutoTailor's budgets (its own latency table and its
+    descendants' accuracy drops, measured on the validation images AutoTailor's finalists use),
+    then each choice's test accuracy."""
+    from autotailor.pipeline.workdir import EvalSettings, eval_data
+
+    budgets = _autotailor_budgets(state, model)
+    if all(state.get(model, "legodnn", f"{b:g}") is not None for b in budgets):
+        return
+    net, table = _trained_for_search(state, "legodnn", model, data, work)
+    profile = state.get(model, "legodnn_drops")
+    if profile is None:
+        val = eval_data(f"cifar10:{data}", 32, EvalSettings())
+        measured: dict = {}
+
+        def accuracy(path) -> float:
+            if path not in measured:
+                measured[path] = block_scaling.evaluate(net, path, val.val, val.calibration)
+            return measured[path]
+
+        cpu = time.process_time()
+        drops = legodnn.drops(net, accuracy)
+        profile = {"drops": drops, "base_accuracy": accuracy(net.largest()), "evaluations": len(measured),
+                   "validation_images": sum(len(y) for _, y in val.val), "cpu_seconds": time.process_time() - cpu}
+        state.put(profile, model, "legodnn_drops")
+    batches, calibration = _test_batches(data)
+    for budget in budgets:
+        key = f"{budget:g}"
+        if state.get(model, "legodnn", key) is not None:
+            continue
+        cpu = time.process_time()
+        path = legodnn.select(net, table, profile["drops"], budget)
+        if path is None:
+            state.put({"budget_ms": budget, "path": None}, model, "legodnn", key)
+            continue
+        # LegoDNN's accuracy model: the original's accuracy less each chosen descendant's drop
+        predicted = profile["base_accuracy"] - sum(profile["drops"][f"{i}_{c[0]}{c[1]}"]
+                                                   for i, c in net.steps(path) if c[0] != "orig")
+        state.put({"budget_ms": budget, "predicted_accuracy": predicted,
+                   "search_cpu_seconds": time.process_time() - cpu,
+                   **_block_point(net, table, path, batches, calibration)}, model, "legodnn", key)
+        print(f"{model} LegoDNN {key}: {100 * state.get(model, 'legodnn', key, 'accuracy'):.2f} % "
+              f"(predicted {100 * predicted:.2f} %)", flush=True)
 
 
 def time_all(state: State, model: str, work: Path) -> None:
@@ -617,9 +728,6 @@ def time_all(state: State, model: str, work: Path) -> None:
     import autotailor as at
     from autotailor.pipeline.workdir import device_setup
 
-    folder = work / model / "autotailor"
-    sn = at.load(folder)
-    setup = device_setup(sn, folder, DEVICE)
     todo = []
     for method in METHODS:
         for key, point in (state.get(model, method) or {}).items():
@@ -627,16 +735,20 @@ def time_all(state: State, model: str, work: Path) -> None:
                 todo.append((method, key, point))
     if not todo:
         return
-    blocks = None
+    folder = work / model / "autotailor"
+    sn = at.load(folder)
+    setup = device_setup(sn, folder, DEVICE)
+    blocks: dict[str, block_scaling.BlockScalingNet] = {}
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         for i, (method, key, point) in enumerate(todo):
             shape = (1, 3, 32, 32)
             if method == "autotailor":
                 net, shape = sn.extract(point["arch"]).eval(), tuple(sn.input_shape(point["arch"]))
-            elif method == "adaptivenet":
-                blocks = blocks or _trained_blocks(model, work)
-                net = blocks.subnet(tuple(tuple(c) for c in point["path"]))
+            elif method in BLOCK_METHODS:
+                if method not in blocks:
+                    blocks[method] = _trained_blocks(method, model, work)
+                net = blocks[method].subnet(tuple(tuple(c) for c in point["path"]))
             else:
                 net = nestdnn_model(model, point["ratio"], cycles(model))
             files.append((setup.backend.deploy(net.eval(), Path(tmp) / f"m{i}", shape), shape))
@@ -667,19 +779,21 @@ def paired_points(state: State, model: str, data: str, work: Path) -> None:
     from autotailor.tune.evaluate import recalibrated
 
     batches, calibration = _test_batches(data)
-    sn, blocks = at.load(work / model / "autotailor"), None
+    sn, blocks = None, {}
     for method in METHODS:
         for key, point in (state.get(model, method) or {}).items():
             if "wrong" in point or point.get("path", True) is None:
                 continue
             if method == "autotailor":
+                sn = sn or at.load(work / model / "autotailor")
                 arch = sn.space.complete(point["arch"])
                 with recalibrated(sn, arch, calibration):
                     size = sn.input_shape()[-1]
                     wrong = _wrong(lambda x: sn(at_resolution(x, size)), batches)
-            elif method == "adaptivenet":
-                blocks = blocks or _trained_blocks(model, work)
-                wrong = _wrong(adaptivenet.calibrated(blocks, tuple(tuple(c) for c in point["path"]), calibration),
+            elif method in BLOCK_METHODS:
+                if method not in blocks:
+                    blocks[method] = _trained_blocks(method, model, work)
+                wrong = _wrong(block_scaling.calibrated(blocks[method], tuple(tuple(c) for c in point["path"]), calibration),
                                batches)
             else:
                 wrong = _wrong(nestdnn_model(model, point["ratio"], cycles(model)).eval(), batches)
@@ -777,18 +891,28 @@ def costs(state: State, model: str) -> list[dict]:
     found = [p for p in (state.get(model, "adaptivenet") or {}).values() if "evaluations" in p]
     table = state.get(model, "adaptivenet_table") or {}
     if found:
-        rows.append({"key": "adaptivenet", "method": "AdaptiveNet-style", "image_steps": cycles(model) * ADAPTIVENET_STEPS * train_base.BATCH,
+        rows.append({"key": "adaptivenet", "method": BLOCK_METHODS["adaptivenet"].label, "image_steps": cycles(model) * ADAPTIVENET_STEPS * train_base.BATCH,
                      "profiling": f"{len(table) - 2} block timings",
                      "evaluations": f"{max(p['evaluations'] for p in found)} paths on the validation images",
                      "search": f"{sum(p['search_cpu_seconds'] for p in found):.0f} CPU-s of Nearby search "
                                "(evaluations included)"})
+    selected = [p for p in (state.get(model, "legodnn") or {}).values() if "search_cpu_seconds" in p]
+    profile = state.get(model, "legodnn_drops")
+    if selected and profile:
+        rows.append({"key": "legodnn", "method": BLOCK_METHODS["legodnn"].label,
+                     "image_steps": cycles(model) * LEGODNN_STEPS * len(legodnn.KEEP) * train_base.BATCH,
+                     "profiling": f"{len(state.get(model, 'legodnn_table')) - 2} block timings",
+                     "evaluations": f"{profile['evaluations']} models (each descendant in the original) on "
+                                    f"{profile['validation_images']} validation images ({profile['cpu_seconds']:.0f} CPU-s)",
+                     "search": f"{sum(p['search_cpu_seconds'] for p in selected):.1f} CPU-s of integer programs "
+                               f"({len(selected)} budgets)"})
     return [{"train_cpu_minutes": _recorded_minutes(state, model, r["key"]) or TRAIN_MINUTES.get((model, r["key"]))
              or "not recorded", **r} for r in rows]
 
 
 def _recorded_minutes(state: State, model: str, method: str) -> str | None:
     """The CPU-minutes the training of ``method``'s kept weights took, as recorded with them
-    (``record_cost``, the AdaptiveNet-style training's in the state); None without a record."""
+    (``record_cost``, the block-scaling baselines' training in the state); None without a record."""
     if method == "autotailor":
         chain = [schedule(model)]
         while chain[-1] in tuning_schedules.CONTINUES:
@@ -796,9 +920,9 @@ def _recorded_minutes(state: State, model: str, method: str) -> str | None:
         return recorded_cost([tuning_schedules.tuned_artifact(model, s) for s in chain])
     if method == "nestdnn":
         return recorded_cost([nestdnn_artifact(model, r, c) for r in RATIOS for c in range(1, cycles(model) + 1)])
-    cost = state.get(model, "adaptivenet_cost") or {}
+    cost = state.get(model, f"{method}_cost") or {}
     timed = CpuTime.of(cost)
-    if method == "adaptivenet" and timed.steps:  # else trained before the time was kept
+    if method in BLOCK_METHODS and timed.steps:  # else trained before the time was kept
         return timed.describe(cost["steps"])
     return None
 
@@ -837,7 +961,8 @@ def _alone_trained(state: State, model: str) -> dict[str, dict]:
 
 
 BASELINES = {"nestdnn": ("NestDNN* ratio", lambda p: f"{p['ratio']:g}"),
-             "adaptivenet": ("AdaptiveNet budget", lambda p: f"{p['budget_ms']:.3g} ms")}
+             "adaptivenet": ("AdaptiveNet budget", lambda p: f"{p['budget_ms']:.3g} ms"),
+             "legodnn": ("LegoDNN budget", lambda p: f"{p['budget_ms']:.3g} ms")}
 
 
 def _timing_noise(state: State, model: str) -> str:
@@ -888,12 +1013,12 @@ def report(state: State) -> None:
     command = " ".join(["python", "benchmarks/baselines.py", *(a for a in sys.argv[1:] if a != "--report-only")])
     m = machine("torch", "onnxruntime", "torch_pruning")
     commit = head_commit()
-    lines = ["# AutoTailor against NestDNN* and AdaptiveNet (CIFAR-10, ONNX Runtime 1 thread)", "",
+    lines = ["# AutoTailor against NestDNN*, AdaptiveNet and LegoDNN (CIFAR-10, ONNX Runtime 1 thread)", "",
              f"Machine of this report: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime {m['onnxruntime']}, "
              f"torch-pruning {m['torch_pruning']}; commit {commit}. Command: `{command}` (resumes; `--report-only` "
              f"rewrites this from the state). Accuracy on the {TEST_IMAGES:,} test images; latency as ONNX, timed in one "
              "pass alternated with a reference SubNet and scaled to the speed the LUT was built at. AutoTailor's "
-             "finalists and AdaptiveNet's search measure accuracy on the same validation sample.", ""]
+             "finalists, AdaptiveNet's search and LegoDNN's profiling measure accuracy on the same validation sample.", ""]
     summary: dict = {}
     for model in _models(state):
         auto = [p for p in (state.get(model, "autotailor") or {}).values() if "latency_ms" in p]
@@ -984,7 +1109,8 @@ def _plot(state: State) -> Path:
         fronts.update({method: longer_nestdnn_front(state, model, method) for method in EQUAL_COSTS})
         labels = {"autotailor": ("AutoTailor (shared weights)", "o-"), "alone": ("AutoTailor, export --finetune-steps", "D-"),
                   "nestdnn": ("NestDNN*", "s--"), "nestdnn_fair": (EQUAL_COSTS["nestdnn_fair"].label, "x--"),
-                  "nestdnn_each": (EQUAL_COSTS["nestdnn_each"].label, "+--"), "adaptivenet": ("AdaptiveNet-style", "^:")}
+                  "nestdnn_each": (EQUAL_COSTS["nestdnn_each"].label, "+--"),
+                  "adaptivenet": (BLOCK_METHODS["adaptivenet"].label, "^:"), "legodnn": (BLOCK_METHODS["legodnn"].label, "v:")}
         for method, (label, style) in labels.items():
             points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in fronts[method] if "latency_ms" in p)
             if points:
@@ -1003,18 +1129,16 @@ def main() -> None:
     p.add_argument("--work", default=str(HERE / "work" / "baselines"))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--nestdnn-steps", type=int, default=NESTDNN_STEPS, help="fine-tuning steps of each pruned model")
-    p.add_argument("--adaptivenet-steps", type=int, default=ADAPTIVENET_STEPS,
-                   help="training steps of the AdaptiveNet-style SuperNet's new blocks")
     p.add_argument("--train-only", action="store_true",
-                   help="only fine-tune and evaluate the NestDNN* models and train the AdaptiveNet-style SuperNet's "
-                        "blocks (no latency measured and no report written: for a busy machine)")
-    p.add_argument("--methods", default=",".join(["nestdnn", "adaptivenet", "alone", *EQUAL_COSTS]),
+                   help="only fine-tune and evaluate the NestDNN* models and train the block-scaling baselines' "
+                        "new blocks (no latency measured and no report written: for a busy machine)")
+    p.add_argument("--methods", default=",".join(["nestdnn", *BLOCK_METHODS, "alone", *EQUAL_COSTS]),
                    help="the baselines to train (--train-only: two processes can train one each) or to measure; "
                         "alone: AutoTailor's chosen SubNets also fine-tuned alone; nestdnn_fair: NestDNN* trained "
                         "as many image-steps more as that fine-tuning took in all; nestdnn_each: each NestDNN* "
                         "model as many as one SubNet's")
-    p.add_argument("--snapshot", action="store_true", help="copy the AdaptiveNet-style training's checkpoints of "
-                   "--models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
+    p.add_argument("--snapshot", action="store_true", help="copy the block-scaling baselines' training checkpoints "
+                   "of --models into benchmarks/artifacts (fp16 parts), for a later session to resume from, and stop")
     p.add_argument("--no-timing", action="store_true",
                    help="search, evaluate and profile but time no point: the latencies are left for a later run "
                         "on an idle machine, which times them all in one pass")
@@ -1041,18 +1165,19 @@ def main() -> None:
             forget_nestdnn(state, model)
     if args.snapshot:
         for model in args.models.split(","):
-            for cycle in range(1, cycles(model) + 1):
-                ckpt, name = _adaptivenet_files(model, work, cycle)
-                if ckpt.is_file():
-                    print(*train_base.snapshot(name, torch.load(ckpt, map_location="cpu")))
+            for method in BLOCK_METHODS:
+                for cycle in range(1, cycles(model) + 1):
+                    ckpt, name = _block_files(method, model, work, cycle)
+                    if ckpt.is_file():
+                        print(*train_base.snapshot(name, torch.load(ckpt, map_location="cpu")))
         return
     if args.train_only:  # writes no report: the comparison's points are not measured yet
         for model in args.models.split(","):
             (work / model).mkdir(exist_ok=True)
             if "nestdnn" in args.methods.split(","):
                 nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
-            if "adaptivenet" in args.methods.split(","):
-                adaptivenet_net(model, work, args.adaptivenet_steps, args.data)
+            for method in BLOCK_METHODS.keys() & set(args.methods.split(",")):
+                block_net(method, model, work, args.data)
             for method in EQUAL_COSTS.keys() & set(args.methods.split(",")):
                 longer_nestdnn_points(state, model, args.data, work, method)
         return
@@ -1064,7 +1189,9 @@ def main() -> None:
             if "nestdnn" in methods:
                 nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
             if "adaptivenet" in methods:
-                adaptivenet_points(state, model, args.data, work, args.adaptivenet_steps)
+                adaptivenet_points(state, model, args.data, work)
+            if "legodnn" in methods:
+                legodnn_points(state, model, args.data, work)
             if not args.no_timing:
                 time_all(state, model, work)
             paired_points(state, model, args.data, work)

@@ -1,9 +1,9 @@
-"""``baselines.md``'s NestDNN* comparison with every latency timed again in alternated rounds.
+"""``baselines.md``'s comparisons with every latency timed again in alternated rounds.
 
 ``baselines.py`` times each point once (two passes in opposite orders, beside the reference
 kernel). On a noisy VM that is not enough where two fronts lie close: the same pruned models,
 timed an hour apart, read up to 39 % apart while the reference kernel moved under 10 %. Here
-every AutoTailor SubNet and NestDNN* model of ``baselines.py``'s state is exported to ONNX and
+every AutoTailor SubNet and baseline model of ``baselines.py``'s state is exported to ONNX and
 timed by ``paired_timing.py`` (a process without torch) in rounds of 30-call windows, each
 beside the largest SubNet, whose memory traffic drifts with theirs: a point's latency is the
 median of its ratio to the largest over the rounds (their median absolute deviation beside it),
@@ -13,9 +13,11 @@ standard errors.
 
     .venv/bin/python benchmarks/baselines_paired.py --work benchmarks/work/baselines_c3 [--rounds 15]
 
-Needs ``baselines.py``'s state and AutoTailor work folders in ``--work`` (a run of it first) for
-the ``--models`` it times; the other models in the committed ``baselines_paired.json`` keep their
-timings and have their comparisons made again from the state (``--models ""`` times none).
+Needs ``baselines.py``'s state in ``--work`` (a run of it first; the SuperNets of the ``--models``
+it times are compiled there if missing); the other models in the committed
+``baselines_paired.json`` keep their timings and have their comparisons made again from the
+state (``--models ""`` times none). A block-scaling baseline none of whose points a model's
+timing covers (added after it) is left out of that model's section until it is timed again.
 Minutes on 2 cores. Results: ``benchmarks/results/baselines_paired.{json,md}``.
 """
 
@@ -48,22 +50,33 @@ def _name(method: str, key: str, point: dict) -> str:
     return f"autotailor/{json.dumps(point['arch'], sort_keys=True)}" if method == "autotailor" else f"{method}/{key}"
 
 
+def _points(state: State, model: str, method: str) -> dict[str, dict]:
+    """``method``'s points of ``model`` that are models (a search that found none is not)."""
+    return {key: p for key, p in (state.get(model, method) or {}).items() if p.get("path", True) is not None}
+
+
 def time_model(state: State, model: str, work: Path, rounds: int, tmp: Path) -> dict:
-    """``model``'s AutoTailor SubNets and NestDNN* models timed in alternated rounds: each file's
+    """``model``'s AutoTailor SubNets and baseline models timed in alternated rounds: each file's
     ``ratio`` to the largest SubNet beside it and the rounds' spread (``ratio_mad``), and the
     largest's median window."""
     import autotailor as at
 
-    sn = at.load(work / model / "autotailor")
+    sn = at.load(baselines.compiled(model, work))
     files: dict[str, str] = {}
-    for key, p in (state.get(model, "autotailor") or {}).items():
+    for key, p in _points(state, model, "autotailor").items():
         name = _name("autotailor", key, p)
         if name not in files:
             files[name] = _export(sn.extract(p["arch"]), tuple(sn.input_shape(p["arch"])),
                                   tmp / f"{model}_a{len(files)}.onnx")
-    for key, p in (state.get(model, "nestdnn") or {}).items():
+    for key, p in _points(state, model, "nestdnn").items():
         files[_name("nestdnn", key, p)] = _export(baselines.nestdnn_model(model, p["ratio"], baselines.cycles(model)),
                                                   (1, 3, 32, 32), tmp / f"{model}_n{key}.onnx")
+    for method in baselines.BLOCK_METHODS:
+        found = _points(state, model, method)
+        net = baselines._trained_blocks(method, model, work) if found else None
+        for key, p in found.items():
+            files[_name(method, key, p)] = _export(net.subnet(tuple(tuple(c) for c in p["path"])), (1, 3, 32, 32),
+                                                   tmp / f"{model}_{method}{len(files)}.onnx")
     arch = sn.space.max()
     largest = _export(sn.extract(arch), tuple(sn.input_shape(arch)), tmp / f"{model}_largest.onnx")
     spec, out = tmp / f"{model}_spec.json", tmp / f"{model}_timed.json"
@@ -79,16 +92,22 @@ def _written_timing(got: dict) -> dict:
     """The timing a model's points in a written ``baselines_paired.json`` carry (``time_model``'s form)."""
     return {"largest_ms": got["largest_ms"],
             "timed": {p["name"]: {"ratio": p["latency_ratio"], "ratio_mad": p["ratio_mad"]}
-                      for method in ("autotailor", "nestdnn") for p in got[method]}}
+                      for method in TIMED for p in got.get(method, [])}}
+
+
+TIMED = ("autotailor", "nestdnn", *baselines.BLOCK_METHODS)
 
 
 def points(state: State, model: str, timing: dict) -> dict:
-    """``model``'s AutoTailor and NestDNN* points with ``latency_ms`` from ``timing``, and the
+    """``model``'s AutoTailor and baseline points with ``latency_ms`` from ``timing``, and the
     fronts that share their architectures' latencies: fine-tuned alone, NestDNN* trained longer."""
     got: dict = {"largest_ms": timing["largest_ms"]}
-    for method in ("autotailor", "nestdnn"):
+    for method in TIMED:
+        found = _points(state, model, method)
+        if method in baselines.BLOCK_METHODS and not any(_name(method, k, p) in timing["timed"] for k, p in found.items()):
+            continue  # added after this model was timed
         got[method] = []
-        for key, p in (state.get(model, method) or {}).items():
+        for key, p in found.items():
             name = _name(method, key, p)
             if name not in timing["timed"]:  # searched or pruned again since its committed timing
                 raise SystemExit(f"{model}'s {method} point {key} has no paired timing: run with --models {model}")
@@ -117,7 +136,7 @@ def main() -> None:
     state = State(work / "state.json")
     command = "python benchmarks/baselines_paired.py " + " ".join(sys.argv[1:])
     m = machine("torch", "onnxruntime", "torch_pruning")
-    lines = ["# AutoTailor against NestDNN*, every latency timed in alternated rounds (CIFAR-10, ONNX Runtime 1 thread)",
+    lines = ["# AutoTailor against the baselines, every latency timed in alternated rounds (CIFAR-10, ONNX Runtime 1 thread)",
              "", f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}; commit {head_commit()}. "
              f"Command: `{command}` (each model's section names the run that timed it; models not in `--models` keep "
              f"their committed timings). Each point's latency: the median over {args.rounds} rounds of its 30-call window's "
@@ -130,27 +149,31 @@ def main() -> None:
                for model, got in kept["models"].items() if state.get(model, "autotailor")}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            if state.get(model, "nestdnn") and state.get(model, "autotailor"):
+            if state.get(model, "autotailor"):
                 timings[model] = (time_model(state, model, work, args.rounds, Path(tmp)),
                                   {"commit": head_commit(), "command": command})
     results = {}
     for model, (timing, timed_by) in timings.items():
-        got = results[model] = {**points(state, model, timing), "timed_by": timed_by}
-        rows, alone = (baselines.compare(got[front], got["nestdnn"]) for front in ("autotailor", "alone"))
-        got["rows"], got["rows_alone"] = ([{k: v for k, v in r.items() if k != "baseline"}
-                                           | {"ratio": r["baseline"]["ratio"]} for r in found] for found in (rows, alone))
-        header = ("| NestDNN* ratio | latency | accuracy | AutoTailor at equal latency | "
-                  "AutoTailor latency at equal accuracy |" + (" with --finetune-steps: at equal latency | "
-                                                               "at equal accuracy |" if alone else ""))
+        got = results[model] = {**points(state, model, timing), "timed_by": timed_by, "against": {}}
         lines += [f"## {model}", "", f"Timed at commit {timed_by['commit']}: `{timed_by['command']}`. "
-                  f"Largest SubNet: {got['largest_ms']:.3f} ms.", "", header,
-                  "|---" * header.count(" | ") + "|---|"]
-        for i, r in enumerate(rows):
-            b = r["baseline"]
-            lines.append(f"| {b['ratio']:g} | {b['latency_ms']:.3f} ms (±{100 * b['ratio_mad']:.0f} %) | "
-                         f"{100 * b['accuracy']:.2f} % | "
-                         + " | ".join(f"{baselines.gain_cell(c)} | {baselines.change_cell(c)}"
-                                      for c in [r, *alone[i:i + 1]]) + " |")
+                  f"Largest SubNet: {got['largest_ms']:.3f} ms."]
+        for method, (label, name) in baselines.BASELINES.items():
+            if not got.get(method):
+                continue
+            rows, alone = (baselines.compare(got[front], got[method]) for front in ("autotailor", "alone"))
+            got["against"][method] = {front: [{k: v for k, v in r.items() if k != "baseline"}
+                                              | {"baseline": name(r["baseline"])} for r in found]
+                                      for front, found in (("shared", rows), ("fine_tuned", alone))}
+            header = (f"| {label} | latency | accuracy | AutoTailor at equal latency | "
+                      "AutoTailor latency at equal accuracy |" + (" with --finetune-steps: at equal latency | "
+                                                                   "at equal accuracy |" if alone else ""))
+            lines += ["", header, "|---" * header.count(" | ") + "|---|"]
+            for i, r in enumerate(rows):
+                b = r["baseline"]
+                lines.append(f"| {name(b)} | {b['latency_ms']:.3f} ms (±{100 * b['ratio_mad']:.0f} %) | "
+                             f"{100 * b['accuracy']:.2f} % | "
+                             + " | ".join(f"{baselines.gain_cell(c)} | {baselines.change_cell(c)}"
+                                          for c in [r, *alone[i:i + 1]]) + " |")
         for method, rule in baselines.EQUAL_COSTS.items():
             if not got[method] or not got["alone"]:
                 continue
@@ -175,7 +198,7 @@ def main() -> None:
                   for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
         lines.append("")
     for got in results.values():  # the JSON keeps what was timed, not the test images' error masks
-        for p in (p for method in ("autotailor", "nestdnn", "alone", *baselines.EQUAL_COSTS) for p in got[method]):
+        for p in (p for method in (*TIMED, "alone", *baselines.EQUAL_COSTS) for p in got.get(method, [])):
             p.pop("wrong", None)
     write_results(HERE / "results", "baselines_paired",
                   {"machine": m, "commit": head_commit(), "command": command, "models": results},

@@ -115,6 +115,72 @@ def fp32_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
+PART_BYTES = 24 * 2**20  # an artifact file's most (the repository takes at most 25 MB a file)
+
+
+def split_fp16(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """``state`` in fp16 (floating tensors), split into parts of at most ``PART_BYTES``."""
+    parts: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, v in fp16_state(state).items():
+        nbytes = v.numel() * v.element_size()
+        if size and size + nbytes > PART_BYTES:
+            parts.append({})
+            size = 0
+        parts[-1][k] = v.clone()
+        size += nbytes
+    return parts
+
+
+def save_parts(ckpt: object, stem: Path) -> list[Path]:
+    """A training checkpoint (dicts and lists of tensors and plain values) as artifact files
+    ``STEM.partN.pt`` of at most ``PART_BYTES``, its floating tensors in fp16 (the skeleton, with
+    each tensor's dtype, in the first): for a later session, whose work directory is gone, to
+    resume. Parts of an earlier, larger snapshot are removed."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def strip(x: object, at: str) -> object:
+        if torch.is_tensor(x):
+            tensors[at] = x
+            return {"__tensor__": at, "dtype": str(x.dtype).removeprefix("torch.")}
+        if isinstance(x, dict):
+            return {k: strip(v, f"{at}/{k}") for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(strip(v, f"{at}/{i}") for i, v in enumerate(x))
+        return x
+
+    skeleton = strip(ckpt, "")
+    paths = []
+    for i, part in enumerate(split_fp16(tensors)):
+        path = stem.with_name(f"{stem.name}.part{i}.pt")
+        atomic_torch_save({"skeleton": skeleton if i == 0 else None, "tensors": part}, path)
+        paths.append(path)
+    for stale in stem.parent.glob(f"{stem.name}.part*.pt"):
+        if stale not in paths:
+            stale.unlink()
+    return paths
+
+
+def load_parts(stem: Path) -> object | None:
+    """The checkpoint ``save_parts`` wrote at ``stem`` (its tensors in their own dtypes again), or None."""
+    paths = sorted(stem.parent.glob(f"{stem.name}.part*.pt"), key=lambda p: int(p.name.rsplit(".part", 1)[1][:-3]))
+    if not paths:
+        return None
+    parts = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
+    tensors = {k: v for part in parts for k, v in part["tensors"].items()}
+
+    def restore(x: object) -> object:
+        if isinstance(x, dict) and "__tensor__" in x:
+            return tensors[x["__tensor__"]].to(getattr(torch, x["dtype"]))
+        if isinstance(x, dict):
+            return {k: restore(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(restore(v) for v in x)
+        return x
+
+    return restore(parts[0]["skeleton"])
+
+
 def atomic_torch_save(obj: object, path: Path) -> None:
     """``torch.save(obj, path)``, atomically (see ``autotailor.files.atomic_write``)."""
     from autotailor.files import atomic_write

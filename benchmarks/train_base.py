@@ -50,12 +50,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import cifar_models  # noqa: E402
-from common import atomic_torch_save, default_cifar10, fp16_state, fp32_state  # noqa: E402
+from common import atomic_torch_save, default_cifar10, fp16_state, fp32_state, split_fp16  # noqa: E402
 
 ARTIFACTS = HERE / "artifacts"
 BATCH = 64
 LR, MOMENTUM, WEIGHT_DECAY, WARMUP, SMOOTHING = 0.05, 0.9, 5e-4, 200, 0.1
-PART_BYTES = 24 * 2**20
 
 
 @dataclass(frozen=True)
@@ -78,20 +77,6 @@ def lr_factor(step: int, steps: int, warmup: int = WARMUP) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
 
 
-def _split_fp16(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """``state`` in fp16 (floating tensors), split into parts of at most ``PART_BYTES``."""
-    parts: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for k, v in fp16_state(state).items():
-        nbytes = v.numel() * v.element_size()
-        if size and size + nbytes > PART_BYTES:
-            parts.append({})
-            size = 0
-        parts[-1][k] = v.clone()
-        size += nbytes
-    return parts
-
-
 def snapshot(name: str, ckpt: dict) -> list[Path]:
     """The checkpoint as fp16 artifact parts: model and optimizer tensors under prefixed keys.
     Adam's second moments are kept as their square roots: fp16 flushes values below 6e-8 to
@@ -100,7 +85,7 @@ def snapshot(name: str, ckpt: dict) -> list[Path]:
     flat.update({f"momentum.{k}": v for k, v in ckpt["momentum"].items()})
     flat.update({f"adam.{k}": v.sqrt() if k.startswith("exp_avg_sq.") else v for k, v in ckpt.get("adam", {}).items()})
     paths = []
-    for i, part in enumerate(_split_fp16(flat)):
+    for i, part in enumerate(split_fp16(flat)):
         path = ARTIFACTS / f"{name}_cifar10.ckpt{i}.pt"
         atomic_torch_save({"step": ckpt["step"], "steps": ckpt["steps"], "tensors": part,
                            **CpuTime.of(ckpt).as_state()}, path)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import statistics
 import sys
 import time
@@ -38,7 +37,8 @@ from autotailor.tune import CpuTime
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import State, default_cifar10, fp16_state, head_commit, machine, record_cost, write_results  # noqa: E402
+from common import (State, default_cifar10, fp16_state, head_commit, load_parts, machine, record_cost,  # noqa: E402
+                    save_parts, write_results)
 
 MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
@@ -121,12 +121,13 @@ def supernet(model: str, schedule: str, data: str, work: Path):
                     raise SystemExit(f"{schedule} continues {CONTINUES[schedule]}: run that schedule first "
                                      f"(no {parent})")
                 start_from(parent)
-            partial = checkpoint_artifact(model, schedule)
-            if partial.is_file() and not (folder / "tune.ckpt").is_file():  # a run an earlier session began
-                shutil.copyfile(partial, folder / "tune.ckpt")
+            partial = load_parts(checkpoint_artifact(model, schedule)) if not (folder / "tune.ckpt").is_file() else None
+            if partial is not None:  # a run an earlier session began
+                torch.save(partial, folder / "tune.ckpt")
             subprocess.run([cli, "tune", str(folder), "--data", f"cifar10:{data}", *flags, "--quiet"], check=True,
                            env=env)
-            partial.unlink(missing_ok=True)
+            for part in ARTIFACTS.glob(f"{checkpoint_artifact(model, schedule).name}.part*.pt"):
+                part.unlink()
             if schedule in KEPT:
                 sn = at.load(folder)
                 torch.save(fp16_state(sn.state_dict()), kept)
@@ -145,19 +146,19 @@ def cycles(schedule: str) -> int:
 
 
 def checkpoint_artifact(model: str, schedule: str) -> Path:
-    """Where ``--snapshot`` keeps an unfinished tuning's checkpoint (weights, momentum, step: an
-    exact resume), for a later session whose work directory is gone."""
-    return ARTIFACTS / f"{model}_cifar10_{schedule}.tune.ckpt"
+    """The stem of the parts (``common.save_parts``) where ``--snapshot`` keeps an unfinished
+    tuning's checkpoint (weights and momentum in fp16, step), for a later session whose work
+    directory is gone."""
+    return ARTIFACTS / f"{model}_cifar10_{schedule}.tune"
 
 
-def snapshot(model: str, schedule: str, work: Path) -> Path:
+def snapshot(model: str, schedule: str, work: Path) -> list[Path]:
+    import torch
+
     ckpt = work / model / schedule / "tune.ckpt"
     if not ckpt.is_file():
         raise SystemExit(f"no checkpoint at {ckpt} to snapshot")
-    if ckpt.stat().st_size > 25 * 2**20:
-        raise SystemExit(f"{ckpt} is {ckpt.stat().st_size / 2**20:.0f} MB, over the artifacts' 25 MB a file")
-    shutil.copyfile(ckpt, checkpoint_artifact(model, schedule))
-    return checkpoint_artifact(model, schedule)
+    return save_parts(torch.load(ckpt, map_location="cpu", weights_only=False), checkpoint_artifact(model, schedule))
 
 
 def tuned_artifact(model: str, schedule: str) -> Path:
@@ -259,7 +260,7 @@ def main() -> None:
     if args.snapshot:
         for model in args.models.split(","):
             for schedule in args.schedules.split(","):
-                print(snapshot(model, schedule, Path(args.work)))
+                print(*snapshot(model, schedule, Path(args.work)))
         return
     if not args.report_only:
         for schedule in args.schedules.split(","):
