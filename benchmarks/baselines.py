@@ -601,7 +601,7 @@ def block_net(method: str, model: str, work: Path, data: str, steps: int | None 
     return net, total
 
 
-def _trained_blocks(method: str, model: str, work: Path) -> block_scaling.BlockScalingNet:
+def trained_blocks(method: str, model: str, work: Path) -> block_scaling.BlockScalingNet:
     """The trained block-scaling baseline ``method`` of ``model`` from its checkpoint."""
     net = BLOCK_METHODS[method].module.supernet(cifar_models.trained(model), cifar_models.architecture(model))
     ckpt, name = _block_files(method, model, work, cycles(model))
@@ -747,7 +747,7 @@ def time_all(state: State, model: str, work: Path) -> None:
                 net, shape = sn.extract(point["arch"]).eval(), tuple(sn.input_shape(point["arch"]))
             elif method in BLOCK_METHODS:
                 if method not in blocks:
-                    blocks[method] = _trained_blocks(method, model, work)
+                    blocks[method] = trained_blocks(method, model, work)
                 net = blocks[method].subnet(tuple(tuple(c) for c in point["path"]))
             else:
                 net = nestdnn_model(model, point["ratio"], cycles(model))
@@ -792,7 +792,7 @@ def paired_points(state: State, model: str, data: str, work: Path) -> None:
                     wrong = _wrong(lambda x: sn(at_resolution(x, size)), batches)
             elif method in BLOCK_METHODS:
                 if method not in blocks:
-                    blocks[method] = _trained_blocks(method, model, work)
+                    blocks[method] = trained_blocks(method, model, work)
                 wrong = _wrong(block_scaling.calibrated(blocks[method], tuple(tuple(c) for c in point["path"]), calibration),
                                batches)
             else:

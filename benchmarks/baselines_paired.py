@@ -40,6 +40,9 @@ import baselines  # noqa: E402
 from common import State, head_commit, machine, write_results  # noqa: E402
 
 
+TIMED = ("autotailor", "nestdnn", *baselines.BLOCK_METHODS)  # the methods whose points are timed
+
+
 def _export(net: torch.nn.Module, shape: tuple[int, ...], path: Path) -> str:
     torch.onnx.export(net.eval(), torch.randn(*shape), str(path), dynamo=False)
     return str(path)
@@ -73,7 +76,7 @@ def time_model(state: State, model: str, work: Path, rounds: int, tmp: Path) -> 
                                                   (1, 3, 32, 32), tmp / f"{model}_n{key}.onnx")
     for method in baselines.BLOCK_METHODS:
         found = _points(state, model, method)
-        net = baselines._trained_blocks(method, model, work) if found else None
+        net = baselines.trained_blocks(method, model, work) if found else None
         for key, p in found.items():
             files[_name(method, key, p)] = _export(net.subnet(tuple(tuple(c) for c in p["path"])), (1, 3, 32, 32),
                                                    tmp / f"{model}_{method}{len(files)}.onnx")
@@ -93,9 +96,6 @@ def _written_timing(got: dict) -> dict:
     return {"largest_ms": got["largest_ms"],
             "timed": {p["name"]: {"ratio": p["latency_ratio"], "ratio_mad": p["ratio_mad"]}
                       for method in TIMED for p in got.get(method, [])}}
-
-
-TIMED = ("autotailor", "nestdnn", *baselines.BLOCK_METHODS)
 
 
 def points(state: State, model: str, timing: dict) -> dict:
