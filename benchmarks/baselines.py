@@ -587,16 +587,17 @@ def block_net(method: str, model: str, work: Path, data: str, steps: int | None 
     from autotailor.data import BatchLoader, load_data
 
     kind = BLOCK_METHODS[method]
+    steps = steps or kind.steps
     net = kind.module.supernet(cifar_models.trained(model), cifar_models.architecture(model))
     train, _ = load_data(f"cifar10:{data}", seed=0)
     total = CpuTime()
     for cycle in range(1, cycles(model) + 1):
         ckpt, name = _block_files(method, model, work, cycle)
         kept = train_base.from_snapshot(name)
-        spent = kind.module.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps or kind.steps,
+        spent = kind.module.train(net, BatchLoader(train, train_base.BATCH, train=True, seed=0), steps,
                                   ckpt, lr=LR, fallback=kept)
         total += spent
-        if kept is None or kept["step"] < (steps or kind.steps):  # kept for later sessions (no momentum)
+        if kept is None or kept["step"] < steps:  # kept for later sessions (no momentum)
             train_base.snapshot(name, {**torch.load(ckpt, map_location="cpu"), "momentum": {}})
     return net, total
 
@@ -643,23 +644,31 @@ def _autotailor_budgets(state: State, model: str) -> list[float]:
     return [limits["latency_ms"] for limits in state.get(model, "autotailor_budgets")]
 
 
+class _ValidationAccuracy:
+    """Accuracy of a block-scaling baseline's paths on the validation images AutoTailor's
+    finalists use (BatchNorm recalibrated), each path measured once (``measured``)."""
+
+    def __init__(self, net: block_scaling.BlockScalingNet, data: str):
+        from autotailor.pipeline.workdir import EvalSettings, eval_data
+
+        self.net, self.val = net, eval_data(f"cifar10:{data}", 32, EvalSettings())
+        self.images = sum(len(y) for _, y in self.val.val)
+        self.measured: dict = {}
+
+    def __call__(self, path) -> float:
+        if path not in self.measured:
+            self.measured[path] = block_scaling.evaluate(self.net, path, self.val.val, self.val.calibration)
+        return self.measured[path]
+
+
 def adaptivenet_points(state: State, model: str, data: str, work: Path) -> None:
     """AdaptiveNet's search for each of AutoTailor's budgets (its own latency table, accuracy
     measured on the same validation images), then each choice's test accuracy."""
-    from autotailor.pipeline.workdir import EvalSettings, eval_data
-
     budgets = _autotailor_budgets(state, model)[::ADAPTIVENET_EVERY]
     if all(state.get(model, "adaptivenet", f"{b:g}") is not None for b in budgets):
         return
     net, table = _trained_for_search(state, "adaptivenet", model, data, work)
-    val = eval_data(f"cifar10:{data}", 32, EvalSettings())
-    measured: dict = {}
-
-    def accuracy(path) -> float:
-        if path not in measured:
-            measured[path] = block_scaling.evaluate(net, path, val.val, val.calibration)
-        return measured[path]
-
+    accuracy = _ValidationAccuracy(net, data)
     batches, calibration = _test_batches(data)
     for budget in budgets:
         key = f"{budget:g}"
@@ -672,7 +681,7 @@ def adaptivenet_points(state: State, model: str, data: str, work: Path) -> None:
             continue
         path, val_accuracy = found
         state.put({"budget_ms": budget, "val_accuracy": val_accuracy,
-                   **_block_point(net, table, path, batches, calibration), "evaluations": len(measured),
+                   **_block_point(net, table, path, batches, calibration), "evaluations": len(accuracy.measured),
                    "search_cpu_seconds": time.process_time() - cpu}, model, "adaptivenet", key)
         print(f"{model} AdaptiveNet {key}: {100 * state.get(model, 'adaptivenet', key, 'accuracy'):.2f} %",
               flush=True)
@@ -682,26 +691,17 @@ def legodnn_points(state: State, model: str, data: str, work: Path) -> None:
     """LegoDNN's selection for every one of AutoTailor's budgets (its own latency table and its
     descendants' accuracy drops, measured on the validation images AutoTailor's finalists use),
     then each choice's test accuracy."""
-    from autotailor.pipeline.workdir import EvalSettings, eval_data
-
     budgets = _autotailor_budgets(state, model)
     if all(state.get(model, "legodnn", f"{b:g}") is not None for b in budgets):
         return
     net, table = _trained_for_search(state, "legodnn", model, data, work)
     profile = state.get(model, "legodnn_drops")
     if profile is None:
-        val = eval_data(f"cifar10:{data}", 32, EvalSettings())
-        measured: dict = {}
-
-        def accuracy(path) -> float:
-            if path not in measured:
-                measured[path] = block_scaling.evaluate(net, path, val.val, val.calibration)
-            return measured[path]
-
+        accuracy = _ValidationAccuracy(net, data)
         cpu = time.process_time()
         drops = legodnn.drops(net, accuracy)
-        profile = {"drops": drops, "base_accuracy": accuracy(net.largest()), "evaluations": len(measured),
-                   "validation_images": sum(len(y) for _, y in val.val), "cpu_seconds": time.process_time() - cpu}
+        profile = {"drops": drops, "base_accuracy": accuracy(net.largest()), "evaluations": len(accuracy.measured),
+                   "validation_images": accuracy.images, "cpu_seconds": time.process_time() - cpu}
         state.put(profile, model, "legodnn_drops")
     batches, calibration = _test_batches(data)
     for budget in budgets:

@@ -155,19 +155,24 @@ def save_parts(ckpt: object, stem: Path) -> list[Path]:
         path = stem.with_name(f"{stem.name}.part{i}.pt")
         atomic_torch_save({"skeleton": skeleton if i == 0 else None, "tensors": part}, path)
         paths.append(path)
-    for stale in stem.parent.glob(f"{stem.name}.part*.pt"):
+    for stale in parts(stem):
         if stale not in paths:
             stale.unlink()
     return paths
 
 
+def parts(stem: Path) -> list[Path]:
+    """The files of the checkpoint ``save_parts`` wrote at ``stem``, in order (none if it wrote none)."""
+    return sorted(stem.parent.glob(f"{stem.name}.part*.pt"), key=lambda p: int(p.name.rsplit(".part", 1)[1][:-3]))
+
+
 def load_parts(stem: Path) -> object | None:
     """The checkpoint ``save_parts`` wrote at ``stem`` (its tensors in their own dtypes again), or None."""
-    paths = sorted(stem.parent.glob(f"{stem.name}.part*.pt"), key=lambda p: int(p.name.rsplit(".part", 1)[1][:-3]))
+    paths = parts(stem)
     if not paths:
         return None
-    parts = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
-    tensors = {k: v for part in parts for k, v in part["tensors"].items()}
+    loaded = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
+    tensors = {k: v for part in loaded for k, v in part["tensors"].items()}
 
     def restore(x: object) -> object:
         if isinstance(x, dict) and "__tensor__" in x:
@@ -178,7 +183,7 @@ def load_parts(stem: Path) -> object | None:
             return type(x)(restore(v) for v in x)
         return x
 
-    return restore(parts[0]["skeleton"])
+    return restore(loaded[0]["skeleton"])
 
 
 def atomic_torch_save(obj: object, path: Path) -> None:

@@ -37,8 +37,8 @@ from autotailor.tune import CpuTime
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import (State, default_cifar10, fp16_state, head_commit, load_parts, machine, record_cost,  # noqa: E402
-                    save_parts, write_results)
+from common import (State, default_cifar10, fp16_state, head_commit, load_parts, machine, parts,  # noqa: E402
+                    record_cost, save_parts, write_results)
 
 MODELS = ("resnet18", "mobilenet_v2")
 CALIBRATION_IMAGES = 2048
@@ -126,7 +126,7 @@ def supernet(model: str, schedule: str, data: str, work: Path):
                 torch.save(partial, folder / "tune.ckpt")
             subprocess.run([cli, "tune", str(folder), "--data", f"cifar10:{data}", *flags, "--quiet"], check=True,
                            env=env)
-            for part in ARTIFACTS.glob(f"{checkpoint_artifact(model, schedule).name}.part*.pt"):
+            for part in parts(checkpoint_artifact(model, schedule)):
                 part.unlink()
             if schedule in KEPT:
                 sn = at.load(folder)
