@@ -1089,38 +1089,46 @@ def report(state: State) -> None:
               + "; ".join(f"{k}: {v['accuracy_pts']:+.2f} pts, {v['latency_pct']:+.2f} % latency"
                           for k, v in PAPER.items()) + ".", ""]
     if summary:
-        lines += [f"![fronts]({_plot(state).name})", ""]
+        plot = plot_fronts({model: state_fronts(state, model) for model in _models(state)},
+                           HERE / "results" / "baselines.png")
+        lines += [f"![fronts]({plot.name})", ""]
     doc = {"machine": m, "commit": commit, "command": command, "paper": PAPER, "summary": summary,
            "raw": state.data}
     write_results(HERE / "results", "baselines", doc, "\n".join(lines) + "\n")
 
 
-def _plot(state: State) -> Path:
+def state_fronts(state: State, model: str) -> dict[str, list[dict]]:
+    """``model``'s points of every method and front in the state, by method (``plot_fronts``'s input)."""
+    fronts = {method: list((state.get(model, method) or {}).values()) for method in METHODS}
+    fronts["alone"] = alone_front(state, model)
+    fronts.update({method: longer_nestdnn_front(state, model, method) for method in EQUAL_COSTS})
+    return fronts
+
+
+def plot_fronts(fronts: dict[str, dict[str, list[dict]]], path: Path) -> Path:
+    """Accuracy against latency of each model's fronts (model -> method -> points), one panel a
+    model; points without a latency are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = _models(state)
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        fronts = {method: list((state.get(model, method) or {}).values()) for method in METHODS}
-        fronts["alone"] = alone_front(state, model)
-        fronts.update({method: longer_nestdnn_front(state, model, method) for method in EQUAL_COSTS})
-        labels = {"autotailor": ("AutoTailor (shared weights)", "o-"), "alone": ("AutoTailor, export --finetune-steps", "D-"),
-                  "nestdnn": ("NestDNN*", "s--"), "nestdnn_fair": (EQUAL_COSTS["nestdnn_fair"].label, "x--"),
-                  "nestdnn_each": (EQUAL_COSTS["nestdnn_each"].label, "+--"),
-                  "adaptivenet": (BLOCK_METHODS["adaptivenet"].label, "^:"), "legodnn": (BLOCK_METHODS["legodnn"].label, "v:")}
+    fig, axes = plt.subplots(1, len(fronts), figsize=(6 * len(fronts), 4.2), squeeze=False)
+    labels = {"autotailor": ("AutoTailor (shared weights)", "o-"), "alone": ("AutoTailor, export --finetune-steps", "D-"),
+              "nestdnn": ("NestDNN*", "s--"), "nestdnn_fair": (EQUAL_COSTS["nestdnn_fair"].label, "x--"),
+              "nestdnn_each": (EQUAL_COSTS["nestdnn_each"].label, "+--"),
+              "adaptivenet": (BLOCK_METHODS["adaptivenet"].label, "^:"), "legodnn": (BLOCK_METHODS["legodnn"].label, "v:")}
+    for ax, (model, by_method) in zip(axes[0], fronts.items()):
         for method, (label, style) in labels.items():
-            points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in fronts[method] if "latency_ms" in p)
+            points = sorted((p["latency_ms"], 100 * p["accuracy"]) for p in by_method.get(method, []) if "latency_ms" in p)
             if points:
                 ax.plot(*zip(*points), style, label=label)
         ax.set_title(f"{model}, CIFAR-10")
         ax.set_xlabel("latency (ms), ONNX Runtime 1 thread")
         ax.set_ylabel("top-1 accuracy (%)")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-    return save_figure(fig, HERE / "results" / "baselines.png")
+        ax.legend(loc="lower right", fontsize="small")
+    return save_figure(fig, path)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ it times are compiled there if missing); the other models in the committed
 ``baselines_paired.json`` keep their timings and have their comparisons made again from the
 state (``--models ""`` times none). A block-scaling baseline none of whose points a model's
 timing covers (added after it) is left out of that model's section until it is timed again.
-Minutes on 2 cores. Results: ``benchmarks/results/baselines_paired.{json,md}``.
+Minutes on 2 cores. Results: ``benchmarks/results/baselines_paired.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -197,6 +197,8 @@ def main() -> None:
                      else "|")
                   for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
         lines.append("")
+    plot = baselines.plot_fronts(results, HERE / "results" / "baselines_paired.png")
+    lines += [f"![fronts, every latency timed in rounds]({plot.name})", ""]
     for got in results.values():  # the JSON keeps what was timed, not the test images' error masks
         for p in (p for method in (*TIMED, "alone", *baselines.EQUAL_COSTS) for p in got.get(method, [])):
             p.pop("wrong", None)
