@@ -115,7 +115,7 @@ def fp32_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
-PART_BYTES = 24 * 2**20  # an artifact file's most (the repository takes at most 25 MB a file)
+PART_BYTES = 23 * 2**20  # an artifact file's tensors: with pickling overhead under the repository's 25 MB (25,000,000 bytes) a file
 
 
 def split_fp16(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
