@@ -47,7 +47,11 @@ def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
     assert main(["train", work, "--steps", "4", *common]) == 0
     settings = tmp_path / "tune.toml"
     settings.write_text("[tune]\nsteps = 3\nsubnets = 3\n")
+    trained = at.load(work).state_dict()
     assert main(["tune", work, "--config", str(settings), *common]) == 0
+    kept = at.load(tmp_path / "w" / "original.pt").state_dict()  # what the tuning started from: the user's model
+    assert kept.keys() == trained.keys() and all(torch.equal(kept[k], trained[k]) for k in kept)
+    assert any(not torch.equal(v, at.load(work).state_dict()[k]) for k, v in kept.items())
     records = [json.loads(line) for line in (tmp_path / "w" / "tune.log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(r["images"] == 3 * 32 and r["seconds"] > 0 and r["loss"] > 0 for r in records)
@@ -55,6 +59,7 @@ def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["tune", work, "--config", str(settings), *common]) == 0  # finished: resumes at the end
     assert "resuming tune at step 3" in capsys.readouterr().out
+    assert all(torch.equal(v, at.load(tmp_path / "w" / "original.pt").state_dict()[k]) for k, v in kept.items())
     assert main(["tune", work, "--config", str(settings), "--subnets", "2", *common]) == 2  # other settings
     assert "was written with other settings" in capsys.readouterr().err
     assert main(["evaluate", work, "--data", "digits", "--arch", "min", "--json", "--calibration-batches", "2"]) == 0
@@ -62,6 +67,8 @@ def test_train_tune_evaluate_resume(tmp_path, capsys) -> None:
     assert 0.0 <= result["accuracy"] <= 1.0 and result["validation_images"] == 359
     assert main(["tune", str(tmp_path / "missing"), "--data", "digits"]) == 2
     assert "holds no supernet.pt" in capsys.readouterr().err
+    assert main(["train", work, "--steps", "4", *common]) == 0  # the weights trained again: no original kept
+    assert not (tmp_path / "w" / "original.pt").exists()
 
 
 def test_help_is_plain_text_for_every_command(capsys) -> None:

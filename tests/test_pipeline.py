@@ -513,3 +513,68 @@ def test_export_can_fine_tune_each_chosen_subnet_alone_and_keeps_the_more_accura
     chosen = SearchRecord.read(work).pick("1")
     [again] = export_choices(sn, tmp_path / "out", chosen, ["onnx"], data, None, finetuned=lambda a: worse)
     assert again.measured["accuracy_finetuned"] < again.measured["accuracy_shared"] == again.measured["accuracy"]
+
+
+def test_the_original_model_is_chosen_and_exported_where_it_is_more_accurate_than_every_subnet(run_dir, tmp_path,
+                                                                                               capsys) -> None:
+    from autotailor.pipeline.results import ORIGINAL_WEIGHTS
+
+    work = tmp_path / "w"
+    shutil.copytree(run_dir, work)
+    assert (work / "original.pt").is_file()  # the run's tune kept what it started from
+    # a tuning gone wrong: the run's weights as the user's model, and as shared weights the same
+    # with the classifier's rows moved one class on, so that every SubNet names the wrong class
+    shutil.copy(run_dir / "supernet.pt", work / "original.pt")
+    sn = at.load(work)
+    weight, bias = sn.net.fc.weight, sn.net.fc.bias  # torchvision's classifier
+    with torch.no_grad():
+        weight.copy_(weight.roll(1, 0))
+        bias.copy_(bias.roll(1, 0))
+    sn.save(work / "supernet.pt")
+    original = at.load(work / "original.pt")
+    sn = at.load(work)
+    largest = sn.space.complete(sn.space.max())
+    data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
+    expected = accuracy_of(original.extract(largest).eval(), data.val, 32)  # its own statistics, not recalibrated
+    macs = objectives_for(sn, str(work), None).metric("macs", largest)
+    capsys.readouterr()
+    assert main(["search", str(work), "--macs-m", f"{macs / 2e6:.3f},{1.01 * macs / 1e6:.3f}", "--device", "none",
+                 "--finalists", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"the original model, measured accuracy {100 * expected:.2f} %" in out, out
+    small, top = SearchRecord.read(work).choices
+    assert small.weights == "shared" and top.weights == ORIGINAL_WEIGHTS
+    shared_best = json.loads((work / "finalists.json").read_text())
+    assert shared_best["original"] == expected
+    assert expected > max(e["accuracy"] for e in shared_best["subnets"].values())  # the run's weights: near chance
+    assert sn.space.key(top.arch) == sn.space.key(largest) and top.measured_accuracy == top.accuracy == expected
+    assert top.metrics["macs"] == macs
+    # exported as it is: the original weights and their own BatchNorm statistics
+    assert main(["export", str(work), "--pick", "1", "--device", "none", "--format", "onnx"]) == 0
+    (e,) = ExportsRecord.read(work).exports
+    assert e.weights == ORIGINAL_WEIGHTS and e.measured["accuracy"] == expected
+    x = torch.randn(sn.input_shape(largest), generator=torch.Generator().manual_seed(0))
+    onnx_path = next(f for f in e.files if f.endswith(".onnx"))
+    y = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+    with torch.no_grad():
+        ref = original.extract(largest).eval()(x).numpy()
+    assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert main(["report", str(work)]) == 0
+    report = (work / "report.md").read_text()
+    assert "budgets chose distinct SubNets (or the original model)." in report
+    assert report.count("| original model |") == 2  # the search's row and the export's
+    # with verify, it is timed first, and chosen only if that timing meets the budget
+    assert main(["search", str(work), "--latency-ms", "1000", "--device", "ort-cpu:threads=1,warmup=1,repeats=5,"
+                 "budget_s=0.05", "--verify", "1", "--finalists", "2"]) == 0
+    (timed,) = SearchRecord.read(work).choices
+    assert timed.weights == ORIGINAL_WEIGHTS and 0 < timed.measured_latency_ms == timed.metrics["latency_ms"]
+    # what tuning started from gone: the export says what to do
+    (work / "original.pt").unlink()
+    capsys.readouterr()
+    assert main(["export", str(work), "--pick", "0", "--device", "none", "--format", "onnx"]) == 2
+    assert ("the search chose the original model, whose weights (WORK/original.pt) are gone: run `autotailor "
+            "search` again") in capsys.readouterr().err
+    # searched again without them: SubNets only
+    assert main(["search", str(work), "--macs-m", f"{1.01 * macs / 1e6:.3f}", "--device", "none",
+                 "--finalists", "2"]) == 0
+    assert [c.weights for c in SearchRecord.read(work).choices] == ["shared"]

@@ -30,8 +30,8 @@ from autotailor.data.loader import at_resolution
 from autotailor.errors import ConfigError, ExportError
 from autotailor.predict.latency import export_formats, format_backend
 from autotailor.files import write_text
-from autotailor.pipeline.results import Chosen, Exported, ExportsRecord
-from autotailor.pipeline.workdir import DeviceSetup, EvalData, slug
+from autotailor.pipeline.results import ORIGINAL_WEIGHTS, Chosen, Exported, ExportsRecord
+from autotailor.pipeline.workdir import ORIGINAL, DeviceSetup, EvalData, slug
 from autotailor.supernet import Arch
 from autotailor.tune import recalibrated
 from autotailor.tune.evaluate import accuracy
@@ -73,13 +73,15 @@ def keeps_finetuned(finetuned: float, shared: float) -> bool:
 def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequence[str],
                    data: EvalData | None, device: DeviceSetup | None,
                    on_done: Callable[[Exported], None] | None = None,
-                   finetuned: Callable[[Arch], nn.Module] | None = None) -> list[Exported]:
+                   finetuned: Callable[[Arch], nn.Module] | None = None, original=None) -> list[Exported]:
     """Export each chosen SubNet (of ``search.json``) into ``OUT/export/BUDGET/`` and measure it;
     write ``OUT/exports.json`` (``out``: the work directory, or a fleet device's folder).
     ``finetuned`` (needs ``data``) makes a SubNet fine-tuned alone: it is exported in place of the
     shared weights' unless that is more accurate on the validation subset (both are measured, as
     ``accuracy_finetuned`` and ``accuracy_shared``), as it can be on the smallest SubNets, which
-    the sandwich rule trained at every step."""
+    the sandwich rule trained at every step. A choice of the user's model (``Chosen.weights``
+    ``original``) is the largest SubNet of ``original``, the SuperNet with the weights tuning
+    started from (``load_original``), as it is: neither recalibrated nor fine-tuned."""
     formats = check_formats(formats)
     reference = device.reference_ms() if device is not None else None
     done = []
@@ -88,14 +90,20 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
         folder = Path(out) / "export" / slug(choice.budget)
         folder.mkdir(parents=True, exist_ok=True)
         shape = tuple(sn.input_shape(arch))
-        if data is not None:
+        shared = choice.weights != ORIGINAL_WEIGHTS
+        if not shared:
+            if original is None:
+                raise ExportError(f"{choice.budget}: the search chose the original model, whose weights "
+                                  f"(WORK/{ORIGINAL}) are gone: run `autotailor search` again")
+            net = original.extract(arch).eval()
+        elif data is not None:
             with recalibrated(sn, arch, data.calibration):
                 net = sn.extract(arch).eval()
         else:
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
             net = sn.extract(arch).eval()
         compared: dict[str, float] = {}
-        if finetuned is not None and data is not None:
+        if finetuned is not None and data is not None and shared:
             alone = finetuned(arch)
             compared = {"accuracy_finetuned": accuracy(alone, data.val, shape[-1]),
                         "accuracy_shared": accuracy(net, data.val, shape[-1])}
@@ -126,7 +134,7 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
             measured["accuracy"] = max(compared.values()) if compared else accuracy(net, data.val, shape[-1])
         predicted = {"accuracy": choice.accuracy, **choice.metrics}
         written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
-        item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured)
+        item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured, choice.weights)
         write_text(folder / "arch.json", json.dumps(arch, indent=1))
         done.append(item)
         if on_done:

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotailor.files import write_text
 from autotailor.pipeline.finalists import FINALISTS, standard_error
-from autotailor.pipeline.results import ExportsRecord, Record, RunRecord, SearchRecord
+from autotailor.pipeline.results import ORIGINAL_WEIGHTS, ExportsRecord, Record, RunRecord, SearchRecord
 from autotailor.pipeline.workdir import SENSITIVITY, fleet_folders
 from autotailor.search import METRICS
 
@@ -138,7 +138,7 @@ def _results(work: Path, folder: Path, images: int, heading: str) -> list[str]:
                 cells.insert(0, _fmt("accuracy", c.measured_accuracy))
             if verified and c.arch:
                 cells.append(_fmt("latency_ms", c.measured_latency_ms))
-            lines.append(f"| {c.budget} | {_fmt('accuracy', c.accuracy)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {c.budget} | {_predicted_accuracy(c.accuracy, c.weights)} | " + " | ".join(cells) + " |")
         lines += ["", *_front_summary(search, images),
                   f"![Pareto front]({plot(folder, search, exports, images).relative_to(work)})", ""]
     if exports:
@@ -152,7 +152,7 @@ def _results(work: Path, folder: Path, images: int, heading: str) -> list[str]:
                               for f in e.files)
             lines.append(f"| {e.name} | {_fmt('latency_ms', e.predicted.get('latency_ms'))} | "
                          f"{_fmt('latency_ms', e.measured.get('latency_ms'))} | "
-                         f"{_fmt('accuracy', e.predicted.get('accuracy'))} | "
+                         f"{_predicted_accuracy(e.predicted.get('accuracy'), e.weights)} | "
                          f"{_fmt('accuracy', e.measured.get('accuracy'))} | {files} |")
         lines.append("")
     return lines
@@ -162,15 +162,17 @@ def _front_summary(search: SearchRecord, images: int) -> list[str]:
     """How many budgets chose distinct SubNets; with measured accuracies, the validation noise,
     whether measured accuracy rises with the budget within it, and the predictions' largest gap."""
     met = search.met
-    distinct = len({json.dumps(c.arch, sort_keys=True) for c in met})
-    out = [f"{distinct} of {len(search.choices)} budgets chose distinct SubNets."]
+    distinct = len({json.dumps([c.arch, c.weights], sort_keys=True) for c in met})
+    out = [f"{distinct} of {len(search.choices)} budgets chose distinct SubNets"
+           + (" (or the original model)." if any(c.weights == ORIGINAL_WEIGHTS for c in met) else ".")]
     measured = [c for c in met if c.measured_accuracy is not None]
+    predicted = [c for c in measured if c.weights != ORIGINAL_WEIGHTS] or measured
     if measured and images:
         noise = [standard_error(c.measured_accuracy, images) for c in measured]
         falls = [f"{b.budget} ({100 * b.measured_accuracy:.2f} % after {100 * a.measured_accuracy:.2f} %)"
                  for a, b, na, nb in zip(measured, measured[1:], noise, noise[1:])
                  if b.measured_accuracy < a.measured_accuracy - 2 * math.hypot(na, nb)]
-        gap = max(measured, key=lambda c: abs(c.accuracy - c.measured_accuracy))
+        gap = max(predicted, key=lambda c: abs(c.accuracy - c.measured_accuracy))
         out[0] += (f" Validation noise: one standard error of an accuracy measured on {images} images is "
                    f"{100 * max(noise):.2f} pts or less. Measured accuracy "
                    + ("rises with the budget (non-decreasing within two standard errors of each step)"
@@ -178,6 +180,11 @@ def _front_summary(search: SearchRecord, images: int) -> list[str]:
                    + f"; the largest gap between predicted and measured is {100 * abs(gap.accuracy - gap.measured_accuracy):.2f}"
                    f" pts ({gap.budget}).")
     return out + [""]
+
+
+def _predicted_accuracy(value: float | None, weights: str) -> str:
+    """A chosen SubNet's predicted accuracy; the original model's is measured, not predicted."""
+    return "original model" if weights == ORIGINAL_WEIGHTS else _fmt("accuracy", value)
 
 
 def _shown(search: SearchRecord) -> list[str]:

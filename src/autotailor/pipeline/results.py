@@ -23,6 +23,7 @@ from autotailor.errors import AutoTailorError, SearchError
 from autotailor.files import write_text
 
 R = TypeVar("R", bound="Record")
+SHARED_WEIGHTS, ORIGINAL_WEIGHTS = "shared", "original"  # what a chosen SubNet is deployed with
 
 
 class Record:
@@ -79,6 +80,7 @@ class Chosen:
     seconds: float
     measured_accuracy: float | None = None  # with finalists
     measured_latency_ms: float | None = None  # with verify
+    weights: str = SHARED_WEIGHTS  # or ORIGINAL_WEIGHTS: the user's model, as tuning found it (WORK/original.pt)
 
 
 @dataclass
@@ -149,6 +151,7 @@ class Exported:
     files: list[str]
     predicted: dict[str, float | None]
     measured: dict[str, float | None]
+    weights: str = SHARED_WEIGHTS  # as chosen (``Chosen.weights``)
 
 
 @dataclass

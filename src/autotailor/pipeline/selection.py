@@ -12,7 +12,7 @@ from typing import Any
 
 from autotailor.errors import AutoTailorError
 from autotailor.pipeline.finalists import Finalists
-from autotailor.pipeline.results import Chosen, SearchRecord
+from autotailor.pipeline.results import ORIGINAL_WEIGHTS, Chosen, SearchRecord
 from autotailor.pipeline.workdir import SENSITIVITY, DeviceSetup
 from autotailor.search import (METRICS, Budget, Choice, EvolutionSettings, Objectives, SearchError, SearchResult,
                                search)
@@ -170,6 +170,28 @@ def _chosen(choice: Choice, space, measured: dict[str, float] | None, finalists:
                   if measured is not None and known else None)
 
 
+def _original_if_more_accurate(chosen: Chosen, budget: Budget, objectives: Objectives, finalists: Finalists,
+                               measured: dict[str, float] | None) -> Chosen:
+    """``chosen``, or the user's model (the largest SubNet with the weights tuning started from:
+    ``Finalists.original_accuracy``) if it meets the budget and measured more accurate on the
+    finalists' images. Its accuracy is then that measurement: nothing predicts it."""
+    from autotailor.predict.latency import subnet_key
+
+    largest = objectives.space.complete(objectives.space.max())
+    if chosen.arch is None or not objectives.feasible(largest, budget):
+        return chosen
+    finalists.measure([chosen.arch])
+    original, shared = finalists.original_accuracy(), finalists.accuracy(chosen.arch)
+    if original is None or original <= shared:
+        return chosen
+    log.info("%s: the original model (%.2f %%) is more accurate than any SubNet within the budget (%.2f %%)",
+             budget.name, 100 * original, 100 * shared)
+    return dataclasses.replace(
+        chosen, arch=largest, accuracy=original, metrics={m: objectives.metric(m, largest) for m in objectives.metrics},
+        measured_accuracy=original, weights=ORIGINAL_WEIGHTS,
+        measured_latency_ms=measured.get(subnet_key(largest)) if measured is not None else None)
+
+
 def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: SearchSettings,
                objectives: Objectives | None = None, on_budget: Callable[[int, Choice], None] | None = None,
                on_subnet: Callable[[int, int], None] | None = None, finalists: Finalists | None = None,
@@ -237,6 +259,14 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
             result, choices=[c if c.arch is None else dataclasses.replace(c, accuracy=predictor.predict(
                 sn.space.complete(c.arch))) for c in result.choices],
             front=[(a, predictor.predict(sn.space.complete(a)), cost) for a, _, cost in result.front])
+    chosen = [_chosen(c, sn.space, measured, finalists) for c in result.choices]
+    if finalists is not None and finalists.original is not None:
+        largest = sn.space.complete(sn.space.max())
+        if verify and any(objectives.feasible(largest, c.budget) for c in result.choices):
+            device.measure([largest], on_subnet)  # deployed only if its measurement meets the budget
+            objectives, measured = objectives_for(sn, work, device, finalists), device.measured()
+        chosen = [_original_if_more_accurate(c, b.budget, objectives, finalists, measured)
+                  for c, b in zip(chosen, result.choices)]
     speed = device.speed() if device else None
     SearchRecord(
         device=device.spec if device else None,
@@ -251,7 +281,7 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         verify_rounds=rounds,
         beam_size=result.beam_size,
         finalists=finalists.count if finalists else 0,
-        choices=[_chosen(c, sn.space, measured, finalists) for c in result.choices],
+        choices=chosen,
         front=[{"arch": a, "accuracy": acc, result.axis: cost} for a, acc, cost in result.front],
     ).write(out or work)
     return result

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import torch
 
 from autotailor.errors import AutoTailorError, WorkdirError
-from autotailor.pipeline.workdir import (CONFIG, SENSITIVITY, SPECIALIZED, EvalSettings, check_classes, eval_data,
-                                         load_supernet, weights_digest)
+from autotailor.pipeline.workdir import (CONFIG, ORIGINAL, SENSITIVITY, SPECIALIZED, EvalSettings, check_classes,
+                                         eval_data, load_original, load_supernet, weights_digest)
 
 T = TypeVar("T")
 Say = Callable[[str], None]
@@ -161,8 +161,11 @@ def tune_step(work: str | Path, data: str, config, name: str = "tune", batch_siz
     check_classes(sn, train, data)
     loader = BatchLoader(train, batch_size, train=True, resolution=sn.example_shape[-1], seed=config.seed)
     tuner = Tuner(sn, loader, config, Path(work) / f"{name}.ckpt")
+    original = Path(work) / ORIGINAL
     if tuner.resume():
         say(f"resuming {name} at step {tuner.step}")
+    elif name == "tune" and rank == 0 and not original.exists():
+        sn.save(original)  # the user's model: the top budgets may deploy it (``Finalists.original_accuracy``)
     started, images = time.perf_counter(), 0
     log_path = Path(work) / f"{name}.log.jsonl"  # one line per step: the loss curve and throughput
     last = [time.perf_counter(), time.process_time()]
@@ -185,6 +188,8 @@ def tune_step(work: str | Path, data: str, config, name: str = "tune", batch_siz
         tuner.run(on_step)
     if rank == 0:
         sn.save(Path(work) / "supernet.pt")
+        if name == "train":
+            original.unlink(missing_ok=True)  # kept from before these weights: a later tune keeps them instead
         say(f"{name}: {tuner.step} steps on {tuner.world} process(es) in {tuner.cpu.describe(tuner.step)} "
             f"(this process, over all runs); weights in {work}/supernet.pt")
     return tuner
@@ -316,6 +321,8 @@ def search_step(work: str | Path, settings, device: str | None = "ort-cpu:thread
 
 def describe_search(found, work: str | Path) -> list[str]:
     """The lines the command line prints for a search."""
+    from autotailor.pipeline.results import ORIGINAL_WEIGHTS
+
     lines = [f"{len(found.choices)} budgets searched in {found.seconds:.1f} s ({found.predictions} predictions"
              + (f", {found.verify_rounds} verify rounds" if found.verified else "")
              + f"); {len(found.met)} met; choices in {work}/{found.FILE}"]
@@ -328,6 +335,10 @@ def describe_search(found, work: str | Path) -> list[str]:
         shown = ", ".join(f"{m} {v:.4g}" for m, v in c.metrics.items() if m in ("latency_ms", "macs", "params"))
         if c.measured_latency_ms is not None:
             shown += f" (measured {c.measured_latency_ms:.4g} ms)"
+        if c.weights == ORIGINAL_WEIGHTS:
+            lines.append(f"  {c.budget}: the original model, measured accuracy {100 * c.measured_accuracy:.2f} %"
+                         f" (more than any SubNet within the budget), {shown}")
+            continue
         lines.append(f"  {c.budget}: predicted accuracy {100 * c.accuracy:.2f} %"
                      + (f" (measured {100 * c.measured_accuracy:.2f} %)" if c.measured_accuracy is not None else "")
                      + f", {shown}")
@@ -376,7 +387,7 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
         finetuned = _finetuned(sn, work, measured_on.spec, settings, quiet, say)
     say(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
         + (f", measured on {setup.spec}" if setup else ""))
-    return export_choices(sn, out, chosen, settings.formats, measured_on, setup, done, finetuned)
+    return export_choices(sn, out, chosen, settings.formats, measured_on, setup, done, finetuned, load_original(work))
 
 
 def _finetuned(sn, work: str | Path, data: str, settings, quiet: bool, say: Say):

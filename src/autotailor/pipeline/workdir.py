@@ -2,6 +2,7 @@
 
 ```
 WORK/supernet.pt        compile, train, tune     the SuperNet and its weights
+WORK/original.pt        tune                     the SuperNet as the first tuning found it (the user's model)
 WORK/config.json        compile                  the configuration: the space and the steps' tables
 WORK/latency.sqlite     profile                  latency lookup tables, one per target
 WORK/sensitivity.json   sensitivity              Δ of every single modification
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 SENSITIVITY = "sensitivity.json"
+ORIGINAL = "original.pt"  # the weights the first tuning started from: the user's model, a choice for the top budgets
 LUT = "latency.sqlite"
 SPECIALIZED = "specialized"  # chosen SubNets fine-tuned alone (export.finetune_steps)
 CALIBRATION_SECONDS = 30.0  # what a calibration's timings span at least (see ``DeviceSetup.calibrate``)
@@ -44,10 +46,10 @@ CALIBRATION_ROUNDS = 4
 
 
 #: What the steps write into a work directory: ``compile --force`` deletes these and nothing else.
-MADE_FILES = ("supernet.pt", "space.json", "compile.json", CONFIG, "train.ckpt", "tune.ckpt", "train.log.jsonl",
-              "tune.log.jsonl", SENSITIVITY, "finalists.json", "search.json", "exports.json", "latency.sqlite",
-              "latency.sqlite-wal", "latency.sqlite-shm", "report.md", "report.png", "run.json", "export", "devices",
-              SPECIALIZED)
+MADE_FILES = ("supernet.pt", ORIGINAL, "space.json", "compile.json", CONFIG, "train.ckpt", "tune.ckpt",
+              "train.log.jsonl", "tune.log.jsonl", SENSITIVITY, "finalists.json", "search.json", "exports.json",
+              "latency.sqlite", "latency.sqlite-wal", "latency.sqlite-shm", "report.md", "report.png", "run.json",
+              "export", "devices", SPECIALIZED)
 _LOCK = ".autotailor.lock"
 DEVICES = "devices"
 
@@ -118,6 +120,15 @@ def load_supernet(work: str | Path):
     if not path.is_file():
         raise AutoTailorError(f"{work} holds no supernet.pt; run `autotailor compile MODEL --out {work}` first")
     return at.load(path)
+
+
+def load_original(work: str | Path):
+    """The SuperNet with the weights its first tuning started from (``WORK/original.pt``), whose
+    largest SubNet is the user's model as given; None if tuning did not keep them."""
+    import autotailor as at
+
+    path = Path(work) / ORIGINAL
+    return at.load(path) if path.is_file() else None
 
 
 @dataclass(frozen=True)
