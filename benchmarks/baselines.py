@@ -274,7 +274,7 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
         state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs}, model, "nestdnn_arch", f"{ratio:g}")
 
 
-def alone_points(state: State, model: str, data: str, work: Path, largest_first: bool = False) -> None:
+def alone_points(state: State, model: str, data: str, work: Path, multiple: int = 1, largest_first: bool = False) -> None:
     """Each SubNet the search chose fine-tuned alone for ``ALONE_STEPS`` batches, as ``autotailor
     export --finetune-steps`` does it (``tune.specialize``; a SubNet chosen for several budgets is
     trained once): its test accuracy, and its and the shared weights' accuracy on the validation
@@ -297,12 +297,14 @@ def alone_points(state: State, model: str, data: str, work: Path, largest_first:
     points = state.get(model, "autotailor") or {}
     if all(measured(key, p) and "validation" in state.get(model, "alone", key) for key, p in points.items()):
         return
-    folder = work / model / "autotailor"
+    # compiled again from the kept tuned weights when a later session lacks the search's folder
+    folder = compiled(model, work, multiple)
     sn = at.load(folder)
     loader = BatchLoader(load_data(f"cifar10:{data}", seed=0)[0], tuning_schedules.BATCH, train=True, resolution=32,
                          seed=config.seed)
     batches, _ = _test_batches(data)
-    val = validation_data(sn, folder, None, EvalSettings())
+    # the sensitivity step's validation sample (its defaults), which needs no sensitivity table
+    val = validation_data(sn, folder, f"cifar10:{data}", EvalSettings())
     # the smallest first (each quicker to train), or the largest: a second process meets the first
     for key, point in sorted(points.items(), key=lambda kv: kv[1]["macs"], reverse=largest_first):
         state.reload()  # what the other process finished meanwhile
@@ -1204,7 +1206,7 @@ def main() -> None:
                 time_all(state, model, work)
             paired_points(state, model, args.data, work)
             if "alone" in methods:
-                alone_points(state, model, args.data, work, args.alone_largest_first)
+                alone_points(state, model, args.data, work, args.channel_multiple, args.alone_largest_first)
             for method in EQUAL_COSTS.keys() & set(methods):
                 longer_nestdnn_points(state, model, args.data, work, method)
     report(state)
