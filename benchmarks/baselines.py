@@ -14,7 +14,10 @@ instead, and keeps every artifact under those names):
   ``benchmarks/artifacts/``) in the default space (``--channel-multiple N``: with every width
   choice a multiple of N channels), profiled for ONNX Runtime with 1 thread, its sensitivities
   measured, and ``BUDGETS`` latency budgets searched with ``--verify 2 --finalists 4``,
-  all through the command line a user has (the paper searches 40-50). Then, as ``autotailor
+  all through the command line a user has (the paper searches 40-50). Each choice then takes
+  the base model's own weights where they measure more accurate on the finalists' validation
+  sample, as ``search --finalists`` now decides with ``WORK/original.pt``
+  (``original_weights_points``: applied to the committed searches' choices). Then, as ``autotailor
   export --finetune-steps`` deploys them, each chosen SubNet fine-tuned alone for
   ``ALONE_STEPS`` batches with the largest SubNet as teacher, and kept unless the shared
   weights' SubNet is more accurate on the validation sample (``alone_points``, ``alone_front``;
@@ -274,6 +277,63 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
         state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs}, model, "nestdnn_arch", f"{ratio:g}")
 
 
+def _original_supernet(model: str, work: Path):
+    """``model``'s base as a SuperNet (its largest SubNet the trained model), as ``autotailor
+    tune`` keeps it in ``WORK/original.pt`` when the tuning starts."""
+    import autotailor as at
+
+    path = work / model / "original" / "supernet.pt"
+    if not path.is_file():
+        _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--out", str(path.parent))
+    return at.load(path)
+
+
+def original_weights_points(state: State, model: str, data: str, work: Path, multiple: int) -> None:
+    """What ``autotailor search --finalists`` deploys for each budget since the user's weights
+    compete (``selection._with_original_weights``), applied to the search's choices: the chosen
+    SubNet with the base model's weights (BatchNorm recalibrated; the largest with the model's
+    own statistics) replaces the shared weights' where it measures more accurate on the
+    finalists' validation sample. The point then takes its test accuracy, and keeps the shared
+    weights' as ``accuracy_shared``. (The product also offers the whole base model at a budget
+    its latency meets; this leaves that out, in the baselines' favour.)"""
+    import autotailor as at
+    from autotailor.data.loader import at_resolution
+    from autotailor.pipeline.steps import validation_data
+    from autotailor.pipeline.workdir import EvalSettings
+    from autotailor.tune import evaluate
+    from autotailor.tune.evaluate import recalibrated
+
+    points = state.get(model, "autotailor") or {}
+    if all("original_validation" in p for p in points.values()):
+        return
+    folder = compiled(model, work, multiple)
+    sn, original = at.load(folder), _original_supernet(model, work)
+    val = validation_data(sn, folder, f"cifar10:{data}", EvalSettings())
+    batches, calibration = _test_batches(data)
+    largest = sn.space.key(sn.space.max())
+    for key, point in points.items():
+        if "original_validation" in point:
+            continue
+        arch = sn.space.complete(point["arch"])
+        own = sn.space.key(arch) == largest  # the user's model: its own statistics
+        shared = evaluate(sn, arch, val.val, val.calibration)
+        mine = evaluate(original, arch, val.val, None if own else val.calibration)
+        point = {**point, "original_validation": {"original": mine, "shared": shared}}
+        if mine > shared:  # extracted as the export does it
+            if own:
+                net = original.extract(arch).eval()
+            else:
+                with recalibrated(original, arch, calibration):
+                    net = original.extract(arch).eval()
+            wrong = _wrong(lambda x: net(at_resolution(x, sn.input_shape(arch)[-1])), batches)
+            point.update(weights="original", accuracy_shared=point["accuracy"], wrong_shared=point.get("wrong"),
+                         wrong=wrong, accuracy=1 - float(_unpacked(wrong).mean()))
+        state.put(point, model, "autotailor", key)
+        print(f"{model} AutoTailor {key}: validation {100 * shared:.2f} % shared, {100 * mine:.2f} % original weights"
+              + (f"; test {100 * point['accuracy']:.2f} % (shared {100 * point['accuracy_shared']:.2f} %)"
+                 if mine > shared else ""), flush=True)
+
+
 def alone_points(state: State, model: str, data: str, work: Path, multiple: int = 1, largest_first: bool = False) -> None:
     """Each SubNet the search chose fine-tuned alone for ``ALONE_STEPS`` batches, as ``autotailor
     export --finetune-steps`` does it (``tune.specialize``; a SubNet chosen for several budgets is
@@ -294,7 +354,8 @@ def alone_points(state: State, model: str, data: str, work: Path, multiple: int 
         done = state.get(model, "alone", key) or {}
         return done.get("arch") == point["arch"] and (done.get("steps"), done.get("lr")) == (config.steps, config.lr)
 
-    points = state.get(model, "autotailor") or {}
+    # the export fine-tunes no choice with the user's weights (``original_weights_points``)
+    points = {k: p for k, p in (state.get(model, "autotailor") or {}).items() if p.get("weights") != "original"}
     if all(measured(key, p) and "validation" in state.get(model, "alone", key) for key, p in points.items()):
         return
     # compiled again from the kept tuned weights when a later session lacks the search's folder
@@ -364,10 +425,13 @@ def alone_front(state: State, model: str) -> list[dict]:
     values do not change what runs)."""
     from autotailor.pipeline.deployment import keeps_finetuned
 
-    shared, front = state.get(model, "autotailor") or {}, []
-    for key, p in _alone(state, model).items():
-        twin = shared.get(key)
-        if twin is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p:
+    alone, front = _alone(state, model), []
+    for key, twin in (state.get(model, "autotailor") or {}).items():
+        p = alone.get(key)
+        if twin.get("weights") == "original" and "latency_ms" in twin:  # exported as it is
+            front.append({**twin, "key": key, "fine_tuned": False})
+            continue
+        if p is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p:
             continue
         kept = p if keeps_finetuned(p["validation"]["alone"], p["validation"]["shared"]) else twin
         front.append({**kept, "key": key, "latency_ms": twin["latency_ms"], "fine_tuned": kept is p})
@@ -1075,7 +1139,8 @@ def report(state: State) -> None:
         lines += ["| AutoTailor budget | latency | accuracy (test) | accuracy (predicted) | MACs | "
                   f"fine-tuned alone ({ALONE_STEPS} steps, lr {ALONE_LR:g}) |", "|---|---|---|---|---|---|"]
         for key, a in sorted(state.get(model, "autotailor").items(), key=lambda kv: kv[1].get("latency_ms", 0)):
-            lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} % | "
+            mine = f" (original weights; shared {100 * a['accuracy_shared']:.2f} %)" if a.get("weights") == "original" else ""
+            lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} %{mine} | "
                          f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
                          + (f"{100 * fine_tuned[key]['accuracy']:.2f} %{' (exported)' if key in kept else ''} |"
                             if key in fine_tuned else "|"))
@@ -1196,6 +1261,7 @@ def main() -> None:
             (work / model).mkdir(exist_ok=True)
             methods = args.methods.split(",")
             autotailor_points(state, model, args.data, work, args.channel_multiple)
+            original_weights_points(state, model, args.data, work, args.channel_multiple)
             if "nestdnn" in methods:
                 nestdnn_points(state, model, args.data, work, args.nestdnn_steps)
             if "adaptivenet" in methods:

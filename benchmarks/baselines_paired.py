@@ -124,6 +124,11 @@ def points(state: State, model: str, timing: dict) -> dict:
     return got
 
 
+def _exported(point: dict) -> str:
+    """Which weights ``autotailor export --finetune-steps`` writes for a point of the fine-tuned front."""
+    return "fine-tuned" if point["fine_tuned"] else "original weights" if point.get("weights") == "original" else "shared"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default=str(HERE / "work" / "baselines"), help="baselines.py's work directory")
@@ -191,9 +196,9 @@ def main() -> None:
         lines += ["", "| AutoTailor budget | latency | accuracy (test) | MACs | exported with --finetune-steps |",
                   "|---|---|---|---|---|"]
         lines += [f"| {a['key']} | {a['latency_ms']:.3f} ms (±{100 * a['ratio_mad']:.0f} %) | "
-                  f"{100 * a['accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
-                  + (f"{100 * by_key[a['key']]['accuracy']:.2f} % "
-                     f"({'fine-tuned' if by_key[a['key']]['fine_tuned'] else 'shared'}) |" if a["key"] in by_key
+                  f"{100 * a['accuracy']:.2f} %{' (original weights)' if a.get('weights') == 'original' else ''} | "
+                  f"{a['macs'] / 1e6:.1f} M | "
+                  + (f"{100 * by_key[a['key']]['accuracy']:.2f} % ({_exported(by_key[a['key']])}) |" if a["key"] in by_key
                      else "|")
                   for a in sorted(got["autotailor"], key=lambda a: a["latency_ms"])]
         lines.append("")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import shutil
@@ -239,7 +240,7 @@ def test_search_verify_measures_the_chosen_subnets_and_refits(run_dir, capsys) -
 
 
 def test_search_finalists_choose_the_most_accurate_measured_subnet(run_dir, capsys) -> None:
-    from autotailor.pipeline.finalists import Finalists
+    from autotailor.pipeline.finalists import Finalists, standard_error
     from autotailor.tune import evaluate
 
     work = str(run_dir)
@@ -260,7 +261,8 @@ def test_search_finalists_choose_the_most_accurate_measured_subnet(run_dir, caps
         assert c["measured_accuracy"] == pytest.approx(evaluate(sn, arch, data.val, data.calibration))
         assert objectives.metric("macs", arch) <= c["limits"]["macs"]
         within = [m["accuracy"] for m in measured if objectives.metric("macs", m["arch"]) <= c["limits"]["macs"]]
-        assert len(within) >= 3 and c["measured_accuracy"] == max(within)
+        # the most accurate, or one measured within a standard error of it that is predicted better
+        assert len(within) >= 3 and c["measured_accuracy"] >= max(within) - standard_error(max(within), 64)
     # measured once: a later search reuses the measurements; other data starts afresh
     finalists = Finalists.open(sn, work, data, 3)
     assert finalists.measure([c["arch"] for c in chosen]) == 0 and len(finalists.measured) == len(measured)
@@ -515,17 +517,22 @@ def test_export_can_fine_tune_each_chosen_subnet_alone_and_keeps_the_more_accura
     assert again.measured["accuracy_finetuned"] < again.measured["accuracy_shared"] == again.measured["accuracy"]
 
 
-def test_the_original_model_is_chosen_and_exported_where_it_is_more_accurate_than_every_subnet(run_dir, tmp_path,
-                                                                                               capsys) -> None:
+def test_the_original_weights_are_chosen_and_exported_where_they_are_more_accurate_than_the_shared_ones(
+        run_dir, tmp_path, capsys) -> None:
     from autotailor.pipeline.results import ORIGINAL_WEIGHTS
+    from autotailor.tune import evaluate
 
     work = tmp_path / "w"
     shutil.copytree(run_dir, work)
     assert (work / "original.pt").is_file()  # the run's tune kept what it started from
-    # a tuning gone wrong: the run's weights as the user's model, and as shared weights the same
-    # with the classifier's rows moved one class on, so that every SubNet names the wrong class
-    shutil.copy(run_dir / "supernet.pt", work / "original.pt")
+    # a tuning gone wrong: the run's weights as the user's model (with its largest SubNet's
+    # BatchNorm statistics, which the few steps of training barely moved), and as shared weights
+    # the same with the classifier's rows moved one class on, so that every SubNet names the wrong class
     sn = at.load(work)
+    largest = sn.space.complete(sn.space.max())
+    data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
+    with recalibrated(sn, largest, data.calibration):
+        sn.save(work / "original.pt")
     weight, bias = sn.net.fc.weight, sn.net.fc.bias  # torchvision's classifier
     with torch.no_grad():
         weight.copy_(weight.roll(1, 0))
@@ -533,36 +540,64 @@ def test_the_original_model_is_chosen_and_exported_where_it_is_more_accurate_tha
     sn.save(work / "supernet.pt")
     original = at.load(work / "original.pt")
     sn = at.load(work)
-    largest = sn.space.complete(sn.space.max())
-    data = eval_data("digits", 32, EvalSettings(validation_images=64, calibration_batches=1, batch_size=32))
     expected = accuracy_of(original.extract(largest).eval(), data.val, 32)  # its own statistics, not recalibrated
     macs = objectives_for(sn, str(work), None).metric("macs", largest)
     capsys.readouterr()
     assert main(["search", str(work), "--macs-m", f"{macs / 2e6:.3f},{1.01 * macs / 1e6:.3f}", "--device", "none",
                  "--finalists", "2"]) == 0
     out = capsys.readouterr().out
-    assert f"the original model, measured accuracy {100 * expected:.2f} %" in out, out
     small, top = SearchRecord.read(work).choices
-    assert small.weights == "shared" and top.weights == ORIGINAL_WEIGHTS
-    shared_best = json.loads((work / "finalists.json").read_text())
-    assert shared_best["original"] == expected
-    assert expected > max(e["accuracy"] for e in shared_best["subnets"].values())  # the run's weights: near chance
-    assert sn.space.key(top.arch) == sn.space.key(largest) and top.measured_accuracy == top.accuracy == expected
-    assert top.metrics["macs"] == macs
-    # exported as it is: the original weights and their own BatchNorm statistics
-    assert main(["export", str(work), "--pick", "1", "--device", "none", "--format", "onnx"]) == 0
-    (e,) = ExportsRecord.read(work).exports
-    assert e.weights == ORIGINAL_WEIGHTS and e.measured["accuracy"] == expected
+    finalists = json.loads((work / "finalists.json").read_text())
+    assert expected > max(e["accuracy"] for e in finalists["subnets"].values())  # the run's weights: near chance
+    # the top budget, which the user's model meets: the user's weights win, as the model itself
+    # or as the chosen SubNet cut from it (this barely trained model's statistics are its own
+    # for the first, recalibrated for the second)
+    assert top.weights == ORIGINAL_WEIGHTS and top.measured_accuracy == top.accuracy >= expected
+    assert f"the original model's weights, measured accuracy {100 * top.measured_accuracy:.2f} %" in out, out
+    if sn.space.key(top.arch) == sn.space.key(largest):
+        assert top.measured_accuracy == expected and top.metrics["macs"] == macs
+    else:
+        top_arch = sn.space.complete(top.arch)
+        assert top.measured_accuracy == evaluate(original, top_arch, data.val, data.calibration)
+    # the smaller: the SubNet the search chose, with the user's weights (BatchNorm recalibrated)
+    # where they measured more accurate than the shared ones (near chance with either here)
+    small_arch = sn.space.complete(small.arch)
+    mine = evaluate(original, small_arch, data.val, data.calibration)
+    theirs = evaluate(sn, small_arch, data.val, data.calibration)
+    assert small.metrics["macs"] <= macs / 2
+    assert (small.weights, small.measured_accuracy) == ((ORIGINAL_WEIGHTS, mine) if mine > theirs else ("shared", theirs))
+    assert expected in finalists["original"].values() and mine in finalists["original"].values()
+    # exported as measured
+    assert main(["export", str(work), "--pick", "all", "--device", "none", "--format", "onnx"]) == 0
+    exported = {e.name: e for e in ExportsRecord.read(work).exports}
+    for c in (small, top):
+        assert exported[c.budget].weights == c.weights
+        assert exported[c.budget].measured["accuracy"] == pytest.approx(c.measured_accuracy, abs=1.01 / 64)  # an image at most
     x = torch.randn(sn.input_shape(largest), generator=torch.Generator().manual_seed(0))
-    onnx_path = next(f for f in e.files if f.endswith(".onnx"))
-    y = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+
+    def onnx_output(exported) -> np.ndarray:
+        path = next(f for f in exported.files if f.endswith(".onnx"))
+        return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+
+    # the user's model as it is: its own weights and BatchNorm statistics
+    whole = dataclasses.replace(top, arch=largest, weights=ORIGINAL_WEIGHTS)
+    [e] = export_choices(sn, tmp_path / "whole", [whole], ["onnx"], data, None, original=original)
+    assert e.measured["accuracy"] == expected
     with torch.no_grad():
         ref = original.extract(largest).eval()(x).numpy()
-    assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert np.abs(onnx_output(e) - ref).max() <= 1e-4 * np.abs(ref).max()
+    # a smaller SubNet with the user's weights: BatchNorm recalibrated, as measured
+    cut = dataclasses.replace(small, weights=ORIGINAL_WEIGHTS)
+    [e] = export_choices(sn, tmp_path / "cut", [cut], ["onnx"], data, None, original=original)
+    assert e.measured["accuracy"] == mine
+    with recalibrated(original, small_arch, data.calibration), torch.no_grad():
+        ref = original.extract(small_arch).eval()(x).numpy()
+    assert np.abs(onnx_output(e) - ref).max() <= 1e-4 * np.abs(ref).max()
     assert main(["report", str(work)]) == 0
     report = (work / "report.md").read_text()
-    assert "budgets chose distinct SubNets (or the original model)." in report
-    assert report.count("| original model |") == 2  # the search's row and the export's
+    assert "budgets chose distinct SubNets (some with the original model's weights)." in report
+    originals = sum(c.weights == ORIGINAL_WEIGHTS for c in (small, top))
+    assert report.count("| original weights |") == 2 * originals  # the search's rows and the exports'
     # with verify, it is timed first, and chosen only if that timing meets the budget
     assert main(["search", str(work), "--latency-ms", "1000", "--device", "ort-cpu:threads=1,warmup=1,repeats=5,"
                  "budget_s=0.05", "--verify", "1", "--finalists", "2"]) == 0
@@ -572,7 +607,7 @@ def test_the_original_model_is_chosen_and_exported_where_it_is_more_accurate_tha
     (work / "original.pt").unlink()
     capsys.readouterr()
     assert main(["export", str(work), "--pick", "0", "--device", "none", "--format", "onnx"]) == 2
-    assert ("the search chose the original model, whose weights (WORK/original.pt) are gone: run `autotailor "
+    assert ("the search chose the original model's weights, which (WORK/original.pt) are gone: run `autotailor "
             "search` again") in capsys.readouterr().err
     # searched again without them: SubNets only
     assert main(["search", str(work), "--macs-m", f"{1.01 * macs / 1e6:.3f}", "--device", "none",

@@ -79,9 +79,10 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
     ``finetuned`` (needs ``data``) makes a SubNet fine-tuned alone: it is exported in place of the
     shared weights' unless that is more accurate on the validation subset (both are measured, as
     ``accuracy_finetuned`` and ``accuracy_shared``), as it can be on the smallest SubNets, which
-    the sandwich rule trained at every step. A choice of the user's model (``Chosen.weights``
-    ``original``) is the largest SubNet of ``original``, the SuperNet with the weights tuning
-    started from (``load_original``), as it is: neither recalibrated nor fine-tuned."""
+    the sandwich rule trained at every step. A choice with the user's model's weights
+    (``Chosen.weights`` ``original``) is extracted from ``original``, the SuperNet with the
+    weights tuning started from (``load_original``), and not fine-tuned; the largest keeps the
+    model's own BatchNorm statistics."""
     formats = check_formats(formats)
     reference = device.reference_ms() if device is not None else None
     done = []
@@ -91,17 +92,18 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
         folder.mkdir(parents=True, exist_ok=True)
         shape = tuple(sn.input_shape(arch))
         shared = choice.weights != ORIGINAL_WEIGHTS
-        if not shared:
-            if original is None:
-                raise ExportError(f"{choice.budget}: the search chose the original model, whose weights "
-                                  f"(WORK/{ORIGINAL}) are gone: run `autotailor search` again")
-            net = original.extract(arch).eval()
+        if not shared and original is None:
+            raise ExportError(f"{choice.budget}: the search chose the original model's weights, which "
+                              f"(WORK/{ORIGINAL}) are gone: run `autotailor search` again")
+        source = sn if shared else original
+        if not shared and source.space.key(arch) == source.space.key(source.space.max()):
+            net = source.extract(arch).eval()  # the user's model as it is
         elif data is not None:
-            with recalibrated(sn, arch, data.calibration):
-                net = sn.extract(arch).eval()
+            with recalibrated(source, arch, data.calibration):
+                net = source.extract(arch).eval()
         else:
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
-            net = sn.extract(arch).eval()
+            net = source.extract(arch).eval()
         compared: dict[str, float] = {}
         if finetuned is not None and data is not None and shared:
             alone = finetuned(arch)

@@ -164,7 +164,8 @@ def _front_summary(search: SearchRecord, images: int) -> list[str]:
     met = search.met
     distinct = len({json.dumps([c.arch, c.weights], sort_keys=True) for c in met})
     out = [f"{distinct} of {len(search.choices)} budgets chose distinct SubNets"
-           + (" (or the original model)." if any(c.weights == ORIGINAL_WEIGHTS for c in met) else ".")]
+           + (" (some with the original model's weights)." if any(c.weights == ORIGINAL_WEIGHTS for c in met)
+              else ".")]
     measured = [c for c in met if c.measured_accuracy is not None]
     predicted = [c for c in measured if c.weights != ORIGINAL_WEIGHTS] or measured
     if measured and images:
@@ -183,8 +184,8 @@ def _front_summary(search: SearchRecord, images: int) -> list[str]:
 
 
 def _predicted_accuracy(value: float | None, weights: str) -> str:
-    """A chosen SubNet's predicted accuracy; the original model's is measured, not predicted."""
-    return "original model" if weights == ORIGINAL_WEIGHTS else _fmt("accuracy", value)
+    """A chosen SubNet's predicted accuracy; one with the original model's weights is measured, not predicted."""
+    return "original weights" if weights == ORIGINAL_WEIGHTS else _fmt("accuracy", value)
 
 
 def _shown(search: SearchRecord) -> list[str]:

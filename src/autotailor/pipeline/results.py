@@ -80,7 +80,7 @@ class Chosen:
     seconds: float
     measured_accuracy: float | None = None  # with finalists
     measured_latency_ms: float | None = None  # with verify
-    weights: str = SHARED_WEIGHTS  # or ORIGINAL_WEIGHTS: the user's model, as tuning found it (WORK/original.pt)
+    weights: str = SHARED_WEIGHTS  # or ORIGINAL_WEIGHTS: those tuning started from, the user's model's (WORK/original.pt)
 
 
 @dataclass

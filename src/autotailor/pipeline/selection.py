@@ -12,7 +12,7 @@ from typing import Any
 
 from autotailor.errors import AutoTailorError
 from autotailor.pipeline.finalists import Finalists
-from autotailor.pipeline.results import ORIGINAL_WEIGHTS, Chosen, SearchRecord
+from autotailor.pipeline.results import ORIGINAL_WEIGHTS, SHARED_WEIGHTS, Chosen, SearchRecord
 from autotailor.pipeline.workdir import SENSITIVITY, DeviceSetup
 from autotailor.search import (METRICS, Budget, Choice, EvolutionSettings, Objectives, SearchError, SearchResult,
                                search)
@@ -170,26 +170,32 @@ def _chosen(choice: Choice, space, measured: dict[str, float] | None, finalists:
                   if measured is not None and known else None)
 
 
-def _original_if_more_accurate(chosen: Chosen, budget: Budget, objectives: Objectives, finalists: Finalists,
-                               measured: dict[str, float] | None) -> Chosen:
-    """``chosen``, or the user's model (the largest SubNet with the weights tuning started from:
-    ``Finalists.original_accuracy``) if it meets the budget and measured more accurate on the
-    finalists' images. Its accuracy is then that measurement: nothing predicts it."""
+def _with_original_weights(chosen: Chosen, budget: Budget, objectives: Objectives, finalists: Finalists,
+                           measured: dict[str, float] | None) -> Chosen:
+    """``chosen``, or the same SubNet with the weights tuning started from, or the user's model
+    itself (their largest SubNet, if it meets the budget), whichever measured most accurate on
+    the finalists' images (``Finalists.original_accuracy``); the shared weights win a tie. An
+    original-weights choice's accuracy is its measurement: nothing predicts it."""
     from autotailor.predict.latency import subnet_key
 
-    largest = objectives.space.complete(objectives.space.max())
-    if chosen.arch is None or not objectives.feasible(largest, budget):
+    if chosen.arch is None:
         return chosen
     finalists.measure([chosen.arch])
-    original, shared = finalists.original_accuracy(), finalists.accuracy(chosen.arch)
-    if original is None or original <= shared:
+    arch = objectives.space.complete(chosen.arch)
+    largest = objectives.space.complete(objectives.space.max())
+    options = [(finalists.accuracy(arch), arch, SHARED_WEIGHTS),
+               (finalists.original_accuracy(arch), arch, ORIGINAL_WEIGHTS)]
+    if arch != largest and objectives.feasible(largest, budget):
+        options.append((finalists.original_accuracy(largest), largest, ORIGINAL_WEIGHTS))
+    best, arch, weights = max(options, key=lambda o: o[0])  # the first of equals: shared, then the smaller
+    if weights == SHARED_WEIGHTS:
         return chosen
-    log.info("%s: the original model (%.2f %%) is more accurate than any SubNet within the budget (%.2f %%)",
-             budget.name, 100 * original, 100 * shared)
+    log.info("%s: the original model's weights (%.2f %%) are more accurate than the SuperNet's (%.2f %%)",
+             budget.name, 100 * best, 100 * options[0][0])
     return dataclasses.replace(
-        chosen, arch=largest, accuracy=original, metrics={m: objectives.metric(m, largest) for m in objectives.metrics},
-        measured_accuracy=original, weights=ORIGINAL_WEIGHTS,
-        measured_latency_ms=measured.get(subnet_key(largest)) if measured is not None else None)
+        chosen, arch=arch, accuracy=best, metrics={m: objectives.metric(m, arch) for m in objectives.metrics},
+        measured_accuracy=best, weights=ORIGINAL_WEIGHTS,
+        measured_latency_ms=measured.get(subnet_key(arch)) if measured is not None else None)
 
 
 def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: SearchSettings,
@@ -265,7 +271,7 @@ def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: Searc
         if verify and any(objectives.feasible(largest, c.budget) for c in result.choices):
             device.measure([largest], on_subnet)  # deployed only if its measurement meets the budget
             objectives, measured = objectives_for(sn, work, device, finalists), device.measured()
-        chosen = [_original_if_more_accurate(c, b.budget, objectives, finalists, measured)
+        chosen = [_with_original_weights(c, b.budget, objectives, finalists, measured)
                   for c, b in zip(chosen, result.choices)]
     speed = device.speed() if device else None
     SearchRecord(

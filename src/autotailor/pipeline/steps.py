@@ -165,7 +165,7 @@ def tune_step(work: str | Path, data: str, config, name: str = "tune", batch_siz
     if tuner.resume():
         say(f"resuming {name} at step {tuner.step}")
     elif name == "tune" and rank == 0 and not original.exists():
-        sn.save(original)  # the user's model: the top budgets may deploy it (``Finalists.original_accuracy``)
+        sn.save(original)  # the user's model: the top budgets may deploy its weights (``Finalists.original_accuracy``)
     started, images = time.perf_counter(), 0
     log_path = Path(work) / f"{name}.log.jsonl"  # one line per step: the loss curve and throughput
     last = [time.perf_counter(), time.process_time()]
@@ -336,8 +336,8 @@ def describe_search(found, work: str | Path) -> list[str]:
         if c.measured_latency_ms is not None:
             shown += f" (measured {c.measured_latency_ms:.4g} ms)"
         if c.weights == ORIGINAL_WEIGHTS:
-            lines.append(f"  {c.budget}: the original model, measured accuracy {100 * c.measured_accuracy:.2f} %"
-                         f" (more than any SubNet within the budget), {shown}")
+            lines.append(f"  {c.budget}: the original model's weights, measured accuracy {100 * c.measured_accuracy:.2f}"
+                         f" % (more than the SuperNet's within the budget), {shown}")
             continue
         lines.append(f"  {c.budget}: predicted accuracy {100 * c.accuracy:.2f} %"
                      + (f" (measured {100 * c.measured_accuracy:.2f} %)" if c.measured_accuracy is not None else "")
