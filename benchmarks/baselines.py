@@ -172,27 +172,37 @@ def tailored(model: str, multiple: int) -> str:
 
 def compiled(model: str, work: Path, multiple: int = 1) -> Path:
     """The work directory of ``model``'s tuned SuperNet in the space of channel ``multiple``
-    (compiled and its kept tuned weights loaded, if not there yet). The multiple changes the
-    space's channel counts, not the channels' order, so the kept tuned weights fit it."""
+    (compiled and its kept tuned weights loaded, if not there yet), with the base's weights as
+    ``autotailor tune`` keeps them (``original.pt``). The multiple changes the space's channel
+    counts, not the channels' order, so the kept tuned weights fit it."""
     import autotailor as at
+    from autotailor.pipeline.workdir import ORIGINAL
 
     folder, made_by = work / model / "autotailor", tailored(model, multiple)
     made = (folder / "schedule").read_text().strip() if (folder / "schedule").is_file() else None
     if folder.is_dir() and made != made_by:
         shutil.rmtree(folder)  # another schedule or space: compiled, profiled and searched again
+    space = work / model / "space.toml"
+    space.parent.mkdir(parents=True, exist_ok=True)
+    space.write_text(f"[arch]\nchannel_multiple = {multiple}\n")
+
+    def base(out: Path):
+        _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--config", str(space), "--out", str(out))
+        return at.load(out)
+
     if not (folder / "supernet.pt").is_file():
         kept = tuning_schedules.tuned_artifact(model, schedule(model))
         if not kept.is_file():
             raise SystemExit(f"{kept} is missing: run benchmarks/tuning_schedules.py --models {model} "
                              f"--schedules {schedule(model)}")
-        space = work / model / "space.toml"
-        space.write_text(f"[arch]\nchannel_multiple = {multiple}\n")
-        _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--config", str(space),
-             "--out", str(folder))
-        sn = at.load(folder)
+        sn = base(folder)
+        sn.save(folder / ORIGINAL)
         sn.load_state_dict({k: v.to(sn.state_dict()[k].dtype) for k, v in torch.load(kept, map_location="cpu").items()})
         sn.save(folder / "supernet.pt")
         (folder / "schedule").write_text(made_by + "\n")
+    elif not (folder / ORIGINAL).is_file():  # compiled before the base's weights were kept beside
+        with tempfile.TemporaryDirectory() as tmp:
+            base(Path(tmp)).save(folder / ORIGINAL)
     return folder
 
 
@@ -277,17 +287,6 @@ def autotailor_points(state: State, model: str, data: str, work: Path, multiple:
         state.put({"accuracy": accuracy, "macs": costs.costs(arch).macs}, model, "nestdnn_arch", f"{ratio:g}")
 
 
-def _original_supernet(model: str, work: Path):
-    """``model``'s base as a SuperNet (its largest SubNet the trained model), as ``autotailor
-    tune`` keeps it in ``WORK/original.pt`` when the tuning starts."""
-    import autotailor as at
-
-    path = work / model / "original" / "supernet.pt"
-    if not path.is_file():
-        _cli("compile", f"cifar_models:{model}_trained", "--input-size", "32", "--out", str(path.parent))
-    return at.load(path)
-
-
 def original_weights_points(state: State, model: str, data: str, work: Path, multiple: int) -> None:
     """What ``autotailor search --finalists`` deploys for each budget since the user's weights
     compete (``selection._with_original_weights``), applied to the search's choices: the chosen
@@ -299,32 +298,26 @@ def original_weights_points(state: State, model: str, data: str, work: Path, mul
     import autotailor as at
     from autotailor.data.loader import at_resolution
     from autotailor.pipeline.steps import validation_data
-    from autotailor.pipeline.workdir import EvalSettings
+    from autotailor.pipeline.workdir import EvalSettings, load_original, original_calibration
     from autotailor.tune import evaluate
-    from autotailor.tune.evaluate import recalibrated
+    from autotailor.tune.evaluate import extracted
 
     points = state.get(model, "autotailor") or {}
     if all("original_validation" in p for p in points.values()):
         return
     folder = compiled(model, work, multiple)
-    sn, original = at.load(folder), _original_supernet(model, work)
+    sn, original = at.load(folder), load_original(folder)
     val = validation_data(sn, folder, f"cifar10:{data}", EvalSettings())
     batches, calibration = _test_batches(data)
-    largest = sn.space.key(sn.space.max())
     for key, point in points.items():
         if "original_validation" in point:
             continue
         arch = sn.space.complete(point["arch"])
-        own = sn.space.key(arch) == largest  # the user's model: its own statistics
         shared = evaluate(sn, arch, val.val, val.calibration)
-        mine = evaluate(original, arch, val.val, None if own else val.calibration)
+        mine = evaluate(original, arch, val.val, original_calibration(original, arch, val.calibration))
         point = {**point, "original_validation": {"original": mine, "shared": shared}}
         if mine > shared:  # extracted as the export does it
-            if own:
-                net = original.extract(arch).eval()
-            else:
-                with recalibrated(original, arch, calibration):
-                    net = original.extract(arch).eval()
+            net = extracted(original, arch, original_calibration(original, arch, calibration))
             wrong = _wrong(lambda x: net(at_resolution(x, sn.input_shape(arch)[-1])), batches)
             point.update(weights="original", accuracy_shared=point["accuracy"], wrong_shared=point.get("wrong"),
                          wrong=wrong, accuracy=1 - float(_unpacked(wrong).mean()))
@@ -336,61 +329,72 @@ def original_weights_points(state: State, model: str, data: str, work: Path, mul
 
 def alone_points(state: State, model: str, data: str, work: Path, multiple: int = 1, largest_first: bool = False) -> None:
     """Each SubNet the search chose fine-tuned alone for ``ALONE_STEPS`` batches, as ``autotailor
-    export --finetune-steps`` does it (``tune.specialize``; a SubNet chosen for several budgets is
-    trained once): its test accuracy, and its and the shared weights' accuracy on the validation
-    sample the export compares them on."""
+    export --finetune-steps`` does it (``FineTuner``: both starts probed, the better trained on; a
+    SubNet chosen for several budgets is trained once; the base model itself is not): its test
+    accuracy, and on the validation sample the export compares them on, its accuracy, the chosen
+    weights' (not fine-tuned) and each probe's. A SubNet fine-tuned from the shared weights by an
+    earlier version of this script (before the probe) is kept when the probe prefers that start:
+    the settings, and so the weights, are the same."""
     import autotailor as at
-    from autotailor.data import BatchLoader, load_data
     from autotailor.data.loader import at_resolution
-    from autotailor.pipeline.steps import validation_data
-    from autotailor.pipeline.workdir import EvalSettings
-    from autotailor.tune import evaluate, specialize, specialize_config
+    from autotailor.pipeline.results import SHARED_WEIGHTS
+    from autotailor.pipeline.steps import FineTuner, validation_data
+    from autotailor.pipeline.workdir import EvalSettings, is_original_model, load_original
     from autotailor.tune.evaluate import accuracy
-    from autotailor.tune.specialize import specialized_path
-
-    config = specialize_config(ALONE_STEPS, ALONE_LR)
 
     def measured(key: str, point: dict) -> bool:
         done = state.get(model, "alone", key) or {}
-        return done.get("arch") == point["arch"] and (done.get("steps"), done.get("lr")) == (config.steps, config.lr)
+        return (done.get("arch") == point["arch"] and (done.get("steps"), done.get("lr")) == (ALONE_STEPS, ALONE_LR)
+                and "start" in done)
 
-    # the export fine-tunes no choice with the user's weights (``original_weights_points``)
-    points = {k: p for k, p in (state.get(model, "autotailor") or {}).items() if p.get("weights") != "original"}
-    if all(measured(key, p) and "validation" in state.get(model, "alone", key) for key, p in points.items()):
+    points = state.get(model, "autotailor") or {}
+    if all(measured(key, p) for key, p in points.items()):
         return
     # compiled again from the kept tuned weights when a later session lacks the search's folder
     folder = compiled(model, work, multiple)
-    sn = at.load(folder)
-    loader = BatchLoader(load_data(f"cifar10:{data}", seed=0)[0], tuning_schedules.BATCH, train=True, resolution=32,
-                         seed=config.seed)
-    batches, _ = _test_batches(data)
+    sn, original = at.load(folder), load_original(folder)
     # the sensitivity step's validation sample (its defaults), which needs no sensitivity table
     val = validation_data(sn, folder, f"cifar10:{data}", EvalSettings())
+    tuner = FineTuner(sn, original, folder / "specialized", val, ALONE_STEPS, ALONE_LR)
+    batches, _ = _test_batches(data)
     # the smallest first (each quicker to train), or the largest: a second process meets the first
     for key, point in sorted(points.items(), key=lambda kv: kv[1]["macs"], reverse=largest_first):
         state.reload()  # what the other process finished meanwhile
-        done = state.get(model, "alone", key) or {}
-        if measured(key, point) and "validation" in done:
+        if measured(key, point):
             continue
+        arch = sn.space.complete(point["arch"])
+        if point.get("weights") == "original" and is_original_model(original, arch):
+            continue  # the user's model itself: not fine-tuned
         started, cpu = time.perf_counter(), time.process_time()
-        path = specialized_path(sn, point["arch"], config, folder / "specialized")
-        _from_artifact(model, path)
-        net = specialize(sn, point["arch"], loader, config, folder / "specialized")
-        if time.process_time() - cpu > KEEP_CPU_SECONDS:
-            _to_artifact(model, path)
-        size = sn.input_shape(point["arch"])[-1]
-        if not measured(key, point):
+        for start in tuner.starts(arch):
+            _from_artifact(model, tuner.path(start, arch))
+        probe = tuner.probe(arch)
+        start = tuner.preferred(probe)
+        done = state.get(model, "alone", key) or {}
+        earlier = (start == SHARED_WEIGHTS and done.get("arch") == point["arch"] and "validation" in done
+                   and (done.get("steps"), done.get("lr")) == (ALONE_STEPS, ALONE_LR))
+        if not earlier:
+            net = tuner.train(start, arch)
+            path = tuner.path(start, arch)
+            if time.process_time() - cpu > KEEP_CPU_SECONDS:
+                _to_artifact(model, path)
+            size = sn.input_shape(arch)[-1]
             wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
             timed = CpuTime.of(torch.load(path, map_location="cpu"))  # over every run of the fine-tuning
             done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
-                    "wrong": wrong, "steps": config.steps, "lr": config.lr,
+                    "wrong": wrong, "steps": ALONE_STEPS, "lr": ALONE_LR,
                     "train_cpu_seconds": timed.seconds, "train_cpu_steps": timed.steps,
-                    "train_seconds": time.perf_counter() - started}
-        done["validation"] = {"alone": accuracy(net, val.val, size),
-                              "shared": evaluate(sn, sn.space.complete(point["arch"]), val.val, val.calibration)}
+                    "train_seconds": time.perf_counter() - started,
+                    "validation": {"alone": accuracy(net, val.val, size)}}
+        probes = [CpuTime.of(torch.load(tuner.path(s, arch, probe=True), map_location="cpu")) for s in probe]
+        chosen = point["original_validation"]["original" if point.get("weights") == "original" else "shared"]
+        done.update(start=start, probe=probe, probe_steps=len(probes) * tuner.probe_config.steps,
+                    probe_cpu_seconds=sum(t.seconds for t in probes), probe_cpu_steps=sum(t.steps for t in probes),
+                    validation={"alone": done["validation"]["alone"], "unfinetuned": chosen})
         state.put(done, model, "alone", key)
-        print(f"{model} AutoTailor {key}, fine-tuned alone: {100 * done['accuracy']:.2f} % "
-              f"(shared weights {100 * point['accuracy']:.2f} %)", flush=True)
+        print(f"{model} AutoTailor {key}, fine-tuned alone from the {start} weights: {100 * done['accuracy']:.2f} % "
+              f"(as chosen {100 * point['accuracy']:.2f} %; probe "
+              + ", ".join(f"{k} {100 * v:.2f} %" for k, v in probe.items()) + ")", flush=True)
 
 
 # a SubNet fine-tuned alone for longer than this is kept in benchmarks/artifacts (fp16), as every
@@ -420,20 +424,23 @@ def _to_artifact(model: str, path: Path) -> None:
 
 def alone_front(state: State, model: str) -> list[dict]:
     """What ``autotailor export --finetune-steps`` deploys for each budget: the SubNet fine-tuned
-    alone unless the shared weights' one is more accurate on the validation sample; each
-    at the latency its shared-weights twin was timed at (the same architecture: the weights'
-    values do not change what runs)."""
+    alone unless the chosen weights' one is more accurate on the validation sample (the base
+    model itself, when chosen, as it is); each at the latency its twin was timed at (the same
+    architecture: the weights' values do not change what runs)."""
     from autotailor.pipeline.deployment import keeps_finetuned
 
     alone, front = _alone(state, model), []
     for key, twin in (state.get(model, "autotailor") or {}).items():
         p = alone.get(key)
-        if twin.get("weights") == "original" and "latency_ms" in twin:  # exported as it is
-            front.append({**twin, "key": key, "fine_tuned": False})
+        if "latency_ms" not in twin:
             continue
-        if p is None or "latency_ms" not in twin or twin["arch"] != p["arch"] or "validation" not in p:
+        if p is None or twin["arch"] != p["arch"]:
+            if twin.get("weights") == "original":  # the base model: not fine-tuned
+                front.append({**twin, "key": key, "fine_tuned": False})
             continue
-        kept = p if keeps_finetuned(p["validation"]["alone"], p["validation"]["shared"]) else twin
+        # "shared": recorded before the probe, when every fine-tuning started from the shared weights
+        unfinetuned = p["validation"].get("unfinetuned", p["validation"].get("shared"))
+        kept = p if keeps_finetuned(p["validation"]["alone"], unfinetuned) else twin
         front.append({**kept, "key": key, "latency_ms": twin["latency_ms"], "fine_tuned": kept is p})
     return front
 
@@ -934,9 +941,11 @@ def costs(state: State, model: str) -> list[dict]:
     alone = _alone_trained(state, model)
     if alone:
         rows.append({"key": "alone", "method": "AutoTailor's chosen SubNets fine-tuned alone (on top of the above)",
-                     "image_steps": sum(p["steps"] for p in alone.values()) * tuning_schedules.BATCH,
+                     "image_steps": _alone_steps(alone) * tuning_schedules.BATCH,
                      "profiling": "none", "search": "none",
-                     "evaluations": f"{len(alone)} x 2 (fine-tuned, shared) on the validation images",
+                     "evaluations": f"{len(alone)} x 2 (fine-tuned, not fine-tuned) and "
+                                    f"{sum(len(p.get('probe', {})) for p in alone.values())} probes on the validation "
+                                    "images",
                      "train_cpu_minutes": _alone_minutes(alone)})
     nest = state.get(model, "nestdnn") or {}
     if nest:
@@ -1002,14 +1011,20 @@ def _alone_minutes(alone: dict[str, dict]) -> str:
     """The chosen SubNets' fine-tuning in CPU-minutes, saying how many of its steps were timed: a
     record made before the time was kept in the fine-tuned file holds only its own run's CPU
     time (none, for a file an earlier run finished)."""
-    seconds = [p["train_cpu_seconds"] for p in alone.values()]
-    timed = CpuTime(sum(seconds), sum(p.get("train_cpu_steps", 0) for p in alone.values()))
-    return f"{timed.describe(sum(p['steps'] for p in alone.values()))} {_range(seconds)}"
+    seconds = [p["train_cpu_seconds"] + p.get("probe_cpu_seconds", 0) for p in alone.values()]
+    timed = CpuTime(sum(seconds), sum(p.get("train_cpu_steps", 0) + p.get("probe_cpu_steps", 0) for p in alone.values()))
+    return f"{timed.describe(_alone_steps(alone))} {_range(seconds)}"
+
+
+def _alone_steps(alone: dict[str, dict]) -> int:
+    """The steps the chosen SubNets' fine-tuning took: each SubNet's, and its probes'."""
+    return sum(p["steps"] + p.get("probe_steps", 0) for p in alone.values())
 
 
 def _alone(state: State, model: str) -> dict[str, dict]:
     """The budgets' SubNets fine-tuned alone with ``ALONE_STEPS`` and ``ALONE_LR`` (a run with other
-    settings replaces them one by one)."""
+    settings replaces them one by one): from the start the probe prefers, or, recorded before
+    the probe (no ``start``), from the shared weights."""
     return {key: p for key, p in (state.get(model, "alone") or {}).items()
             if (p["steps"], p["lr"]) == (ALONE_STEPS, ALONE_LR)}
 
@@ -1142,8 +1157,10 @@ def report(state: State) -> None:
             mine = f" (original weights; shared {100 * a['accuracy_shared']:.2f} %)" if a.get("weights") == "original" else ""
             lines.append(f"| {key} | {a.get('latency_ms', float('nan')):.3f} ms | {100 * a['accuracy']:.2f} %{mine} | "
                          f"{100 * a['predicted_accuracy']:.2f} % | {a['macs'] / 1e6:.1f} M | "
-                         + (f"{100 * fine_tuned[key]['accuracy']:.2f} %{' (exported)' if key in kept else ''} |"
-                            if key in fine_tuned else "|"))
+                         + (f"{100 * fine_tuned[key]['accuracy']:.2f} % from the "
+                            + (f"{fine_tuned[key]['start']} weights" if "start" in fine_tuned[key]
+                               else "shared weights, not probed")
+                            + f"{' (exported)' if key in kept else ''} |" if key in fine_tuned else "|"))
         spent = costs(state, model)
         summary.setdefault(model, {})["costs"] = spent
         lines += ["", "Cost of each (the paper's Fig. 15):", "",

@@ -126,7 +126,10 @@ def points(state: State, model: str, timing: dict) -> dict:
 
 def _exported(point: dict) -> str:
     """Which weights ``autotailor export --finetune-steps`` writes for a point of the fine-tuned front."""
-    return "fine-tuned" if point["fine_tuned"] else "original weights" if point.get("weights") == "original" else "shared"
+    if point["fine_tuned"]:  # from the start its probe preferred, or before the probe from the shared weights
+        return f"fine-tuned from the {point['start']} weights" if "start" in point else \
+            "fine-tuned from the shared weights, not probed"
+    return "original weights" if point.get("weights") == "original" else "shared"
 
 
 def main() -> None:

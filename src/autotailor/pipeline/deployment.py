@@ -10,8 +10,9 @@ Runtime at int8) writes its own file of its format, calibrated on the data's cal
 batches, and that file is what is evaluated.
 
 With ``[export] finetune_steps``, each chosen SubNet is also fine-tuned alone, its weights no
-longer shared, with the largest SubNet as teacher (``tune.specialize``), and exported unless
-the shared weights' SubNet is more accurate on the validation subset.
+longer shared (``tune.specialize``), from the shared or the user's model's weights, whichever a
+probe of both prefers (``autotailor export``), and exported unless the SubNet as chosen is more
+accurate on the validation subset.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from autotailor.errors import ConfigError, ExportError
 from autotailor.predict.latency import export_formats, format_backend
 from autotailor.files import write_text
 from autotailor.pipeline.results import ORIGINAL_WEIGHTS, Chosen, Exported, ExportsRecord
-from autotailor.pipeline.workdir import ORIGINAL, DeviceSetup, EvalData, slug
+from autotailor.pipeline.workdir import ORIGINAL, DeviceSetup, EvalData, is_original_model, original_calibration, slug
 from autotailor.supernet import Arch
-from autotailor.tune import recalibrated
-from autotailor.tune.evaluate import accuracy
+from autotailor.tune.evaluate import accuracy, extracted
 
 log = logging.getLogger(__name__)
 
@@ -63,26 +63,35 @@ class ExportSettings:
             raise ConfigError(f"export.finetune_lr = {self.finetune_lr} is not allowed; expected a positive number")
 
 
-def keeps_finetuned(finetuned: float, shared: float) -> bool:
+@dataclass(frozen=True)
+class FineTuned:
+    """A chosen SubNet fine-tuned alone (``export.finetune_steps``)."""
+
+    net: nn.Module
+    start: str  # the weights it started from, whose largest SubNet taught it: SHARED_WEIGHTS or ORIGINAL_WEIGHTS
+    probe: dict[str, float]  # each start's validation accuracy after the probe (empty if only one start)
+
+
+def keeps_finetuned(finetuned: float, unfinetuned: float) -> bool:
     """Whether the export deploys a SubNet fine-tuned alone, of validation accuracy ``finetuned``,
-    in place of its shared weights' one (``shared``): unless that is more accurate; on a tie,
-    what the user asked for."""
-    return finetuned >= shared
+    in place of the chosen weights' one (``unfinetuned``): unless that is more accurate; on a
+    tie, what the user asked for."""
+    return finetuned >= unfinetuned
 
 
 def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequence[str],
                    data: EvalData | None, device: DeviceSetup | None,
                    on_done: Callable[[Exported], None] | None = None,
-                   finetuned: Callable[[Arch], nn.Module] | None = None, original=None) -> list[Exported]:
+                   finetuned: Callable[[Arch], FineTuned] | None = None, original=None) -> list[Exported]:
     """Export each chosen SubNet (of ``search.json``) into ``OUT/export/BUDGET/`` and measure it;
     write ``OUT/exports.json`` (``out``: the work directory, or a fleet device's folder).
-    ``finetuned`` (needs ``data``) makes a SubNet fine-tuned alone: it is exported in place of the
-    shared weights' unless that is more accurate on the validation subset (both are measured, as
-    ``accuracy_finetuned`` and ``accuracy_shared``), as it can be on the smallest SubNets, which
-    the sandwich rule trained at every step. A choice with the user's model's weights
-    (``Chosen.weights`` ``original``) is extracted from ``original``, the SuperNet with the
-    weights tuning started from (``load_original``), and not fine-tuned; the largest keeps the
-    model's own BatchNorm statistics."""
+    A choice with the user's model's weights (``Chosen.weights`` ``original``) is extracted from
+    ``original``, the SuperNet with the weights tuning started from (``load_original``); the
+    largest keeps the model's own BatchNorm statistics. ``finetuned`` (needs ``data``) makes a
+    SubNet fine-tuned alone (``FineTuned``): it is exported in place of the chosen weights' one
+    unless that is more accurate on the validation subset (both are measured, as
+    ``accuracy_finetuned`` and ``accuracy_unfinetuned``), as it can be on the smallest SubNets,
+    which the sandwich rule trained at every step. The user's model itself is not fine-tuned."""
     formats = check_formats(formats)
     reference = device.reference_ms() if device is not None else None
     done = []
@@ -95,30 +104,29 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
         if not shared and original is None:
             raise ExportError(f"{choice.budget}: the search chose the original model's weights, which "
                               f"(WORK/{ORIGINAL}) are gone: run `autotailor search` again")
-        source = sn if shared else original
-        if not shared and source.space.key(arch) == source.space.key(source.space.max()):
-            net = source.extract(arch).eval()  # the user's model as it is
-        elif data is not None:
-            with recalibrated(source, arch, data.calibration):
-                net = source.extract(arch).eval()
-        else:
+        calibration = None if data is None else data.calibration
+        if not shared:
+            calibration = original_calibration(original, arch, calibration)
+        elif data is None:
             log.warning("exporting %s without BatchNorm recalibration (no data given)", choice.budget)
-            net = source.extract(arch).eval()
+        net = extracted(sn if shared else original, arch, calibration)
         compared: dict[str, float] = {}
-        if finetuned is not None and data is not None and shared:
+        finetuned_from = None
+        if finetuned is not None and data is not None and (shared or not is_original_model(original, arch)):
             alone = finetuned(arch)
-            compared = {"accuracy_finetuned": accuracy(alone, data.val, shape[-1]),
-                        "accuracy_shared": accuracy(net, data.val, shape[-1])}
-            if keeps_finetuned(compared["accuracy_finetuned"], compared["accuracy_shared"]):
-                net = alone
+            compared = {"accuracy_finetuned": accuracy(alone.net, data.val, shape[-1]),
+                        "accuracy_unfinetuned": accuracy(net, data.val, shape[-1]),
+                        **{f"accuracy_probe_{start}": a for start, a in alone.probe.items()}}
+            if keeps_finetuned(compared["accuracy_finetuned"], compared["accuracy_unfinetuned"]):
+                net, finetuned_from = alone.net, alone.start
         files: dict[str, Path] = {fmt: format_backend(fmt)().deploy(net, folder / "subnet", shape) for fmt in formats}
         quantized = device is not None and device.backend.quantized
         if quantized:  # the device's own file replaces (or joins) its format's default one
             if data is None:
                 log.warning("quantizing %s with ranges from random inputs (no data given): its accuracy will suffer; "
                             "give --data", choice.budget)
-            calibration = None if data is None else [at_resolution(x, shape[-1]).numpy() for x, _ in data.calibration]
-            files[device.backend.format] = device.backend.deploy(net, folder / "subnet", shape, calibration)
+            ranges = None if data is None else [at_resolution(x, shape[-1]).numpy() for x, _ in data.calibration]
+            files[device.backend.format] = device.backend.deploy(net, folder / "subnet", shape, ranges)
         measured: dict[str, float | None] = {"latency_ms": None, "latency_mad_ms": None, "latency_raw_ms": None,
                                              "accuracy": None, **compared}
         if device is not None:
@@ -133,10 +141,12 @@ def export_choices(sn, out: str | Path, choices: Sequence[Chosen], formats: Sequ
         if data is not None and quantized:
             measured["accuracy"] = _file_accuracy(device.backend.format, files[device.backend.format], data, shape)
         elif data is not None:  # the exported one's, measured above when compared
-            measured["accuracy"] = max(compared.values()) if compared else accuracy(net, data.val, shape[-1])
+            measured["accuracy"] = (compared["accuracy_finetuned" if finetuned_from else "accuracy_unfinetuned"]
+                                    if compared else accuracy(net, data.val, shape[-1]))
         predicted = {"accuracy": choice.accuracy, **choice.metrics}
         written = [p for fmt, path in files.items() for p in format_backend(fmt).deployed_files(path)]
-        item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured, choice.weights)
+        item = Exported(choice.budget, arch, [str(p) for p in written], predicted, measured, choice.weights,
+                        finetuned_from)
         write_text(folder / "arch.json", json.dumps(arch, indent=1))
         done.append(item)
         if on_done:

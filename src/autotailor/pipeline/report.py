@@ -150,10 +150,11 @@ def _results(work: Path, folder: Path, images: int, heading: str) -> list[str]:
         for e in exports.exports:
             files = ", ".join(f"`{Path(f).relative_to(work) if Path(f).is_relative_to(work) else f}`"
                               for f in e.files)
+            fine_tuned = f" (fine-tuned from the {e.finetuned_from} weights)" if e.finetuned_from else ""
             lines.append(f"| {e.name} | {_fmt('latency_ms', e.predicted.get('latency_ms'))} | "
                          f"{_fmt('latency_ms', e.measured.get('latency_ms'))} | "
                          f"{_predicted_accuracy(e.predicted.get('accuracy'), e.weights)} | "
-                         f"{_fmt('accuracy', e.measured.get('accuracy'))} | {files} |")
+                         f"{_fmt('accuracy', e.measured.get('accuracy'))}{fine_tuned} | {files} |")
         lines.append("")
     return lines
 

@@ -152,6 +152,7 @@ class Exported:
     predicted: dict[str, float | None]
     measured: dict[str, float | None]
     weights: str = SHARED_WEIGHTS  # as chosen (``Chosen.weights``)
+    finetuned_from: str | None = None  # fine-tuned alone from SHARED_WEIGHTS or ORIGINAL_WEIGHTS; None: not
 
 
 @dataclass

@@ -18,13 +18,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from autotailor.errors import AutoTailorError, WorkdirError
+from autotailor.pipeline.results import ORIGINAL_WEIGHTS, SHARED_WEIGHTS
 from autotailor.pipeline.workdir import (CONFIG, ORIGINAL, SENSITIVITY, SPECIALIZED, EvalSettings, check_classes,
-                                         eval_data, load_original, load_supernet, weights_digest)
+                                         eval_data, is_original_model, load_original, load_supernet,
+                                         weights_digest)
+
+if TYPE_CHECKING:
+    from autotailor.pipeline.deployment import FineTuned
 
 T = TypeVar("T")
 Say = Callable[[str], None]
@@ -321,8 +326,6 @@ def search_step(work: str | Path, settings, device: str | None = "ort-cpu:thread
 
 def describe_search(found, work: str | Path) -> list[str]:
     """The lines the command line prints for a search."""
-    from autotailor.pipeline.results import ORIGINAL_WEIGHTS
-
     lines = [f"{len(found.choices)} budgets searched in {found.seconds:.1f} s ({found.predictions} predictions"
              + (f", {found.verify_rounds} verify rounds" if found.verified else "")
              + f"); {len(found.met)} met; choices in {work}/{found.FILE}"]
@@ -353,7 +356,7 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
     ``settings.formats``, measured on ``device`` (default: the search's; ``"none"``: not timed)
     and on the validation data; writes ``OUT/exports.json`` (``out``: ``work``, or a fleet
     device's folder) and returns the ``Exported`` list."""
-    from autotailor.pipeline.deployment import check_formats, export_choices, keeps_finetuned
+    from autotailor.pipeline.deployment import check_formats, export_choices
     from autotailor.pipeline.results import SearchRecord
     from autotailor.pipeline.workdir import device_setup
 
@@ -373,41 +376,95 @@ def export_step(work: str | Path, settings, data: str | None = None, evaluation:
                if lat is not None else "")
             + (f"; accuracy {100 * acc:.2f} % (predicted {100 * e.predicted['accuracy']:.2f})"
                if acc is not None else "")
-            + (f"; fine-tuned alone {100 * e.measured['accuracy_finetuned']:.2f} %, shared weights "
-               f"{100 * e.measured['accuracy_shared']:.2f} %: exported the "
-               + ("fine-tuned" if keeps_finetuned(e.measured["accuracy_finetuned"], e.measured["accuracy_shared"])
-                  else "shared")
+            + (f"; fine-tuned alone {100 * e.measured['accuracy_finetuned']:.2f} %, not fine-tuned "
+               f"{100 * e.measured['accuracy_unfinetuned']:.2f} %: exported the "
+               + (f"fine-tuned one (from the {_WEIGHTS_SAID[e.finetuned_from]})" if e.finetuned_from
+                  else "one not fine-tuned")
                if "accuracy_finetuned" in e.measured else ""))
 
+    original = load_original(work)
     finetuned = None
     if settings.finetune_steps:
         if measured_on is None:
             raise AutoTailorError(f"export.finetune_steps = {settings.finetune_steps} trains each chosen SubNet: "
                                   "give the training data with --data")
-        finetuned = _finetuned(sn, work, measured_on.spec, settings, quiet, say)
+        finetuned = FineTuner(sn, original, Path(work) / SPECIALIZED, measured_on, settings.finetune_steps,
+                              settings.finetune_lr, quiet, say)
     say(f"exporting {len(chosen)} SubNet(s) as {', '.join(settings.formats)}"
         + (f", measured on {setup.spec}" if setup else ""))
-    return export_choices(sn, out, chosen, settings.formats, measured_on, setup, done, finetuned, load_original(work))
+    return export_choices(sn, out, chosen, settings.formats, measured_on, setup, done, finetuned, original)
 
 
-def _finetuned(sn, work: str | Path, data: str, settings, quiet: bool, say: Say):
-    """Each SubNet fine-tuned alone on ``data`` (``tune.specialize``), kept in ``WORK/specialized/``."""
-    from autotailor.data import BatchLoader, load_data
-    from autotailor.tune import specialize, specialize_config
-    from autotailor.tune.specialize import specialized_path
+_WEIGHTS_SAID = {SHARED_WEIGHTS: "shared weights", ORIGINAL_WEIGHTS: "original model's weights"}
+PROBE_SHARE = 8  # a probe is a fine-tuning of 1/8 of the steps, its learning rate decayed over them
 
-    config, folder = specialize_config(settings.finetune_steps, settings.finetune_lr), Path(work) / SPECIALIZED
-    train, _ = load_data(data, seed=config.seed)
-    loader = BatchLoader(train, 64, train=True, resolution=sn.example_shape[-1], seed=config.seed)
 
-    def finetuned(arch):
-        if not specialized_path(sn, arch, config, folder).is_file():
-            say(f"  fine-tuning a SubNet alone for {config.steps} steps (kept in {folder})")
-        with _progress("fine-tune", quiet) as progress:
+class FineTuner:
+    """Chosen SubNets fine-tuned alone (``export.finetune_steps``; ``tune.specialize``) on the
+    training split of ``data`` (an ``EvalData``), kept in ``folder``: from the shared weights,
+    whose largest SubNet teaches, or from the user's model's (``original``), which teaches.
+    Which start ends more accurate is not plain beforehand, and a snapshot part-way through, at
+    a high learning rate, is too noisy to tell (docs/tune.md); so each start is first fine-tuned
+    in full for an eighth of the steps (the probe), and the one then more accurate on the
+    validation subset is fine-tuned for all of them (the shared weights on a tie)."""
+
+    def __init__(self, sn, original, folder: str | Path, data, steps: int, lr: float, quiet: bool = True,
+                 say: Say = print):
+        from autotailor.data import BatchLoader, load_data
+        from autotailor.tune import specialize_config
+
+        self.sn, self.original, self.folder, self.data, self.quiet, self.say = sn, original, Path(folder), data, quiet, say
+        self.config = specialize_config(steps, lr)
+        self.probe_config = specialize_config(max(1, steps // PROBE_SHARE), lr)
+        self.loader = BatchLoader(load_data(data.spec, seed=self.config.seed)[0], 64, train=True,
+                                  resolution=sn.example_shape[-1], seed=self.config.seed)
+
+    def starts(self, arch) -> dict[str, Any]:
+        """The SuperNets ``arch`` may start from: the shared weights, and the user's model's
+        unless ``arch`` is that model itself."""
+        if self.original is None or is_original_model(self.original, arch):
+            return {SHARED_WEIGHTS: self.sn}
+        return {SHARED_WEIGHTS: self.sn, ORIGINAL_WEIGHTS: self.original}
+
+    def path(self, start: str, arch, probe: bool = False) -> Path:
+        """Where ``arch`` fine-tuned from ``start`` (or its probe) is kept (``.ckpt`` while in progress)."""
+        from autotailor.tune.specialize import specialized_path
+
+        return specialized_path(self.starts(arch)[start], arch, self.probe_config if probe else self.config, self.folder)
+
+    def train(self, start: str, arch, probe: bool = False):
+        """``arch`` fine-tuned from ``start`` (for the probe's steps, with ``probe``), or its kept weights."""
+        from autotailor.tune import specialize
+
+        config = self.probe_config if probe else self.config
+        if not self.path(start, arch, probe).is_file():
+            self.say(f"  fine-tuning a SubNet alone from the {_WEIGHTS_SAID[start]} for {config.steps} steps"
+                     + (", a probe" if probe else "") + f" (kept in {self.folder})")
+        with _progress("fine-tune", self.quiet) as progress:
             task = progress.add_task("fine-tune", total=config.steps)
-            return specialize(sn, arch, loader, config, folder, lambda r: progress.update(task, completed=r.step + 1))
+            return specialize(self.starts(arch)[start], arch, self.loader, config, self.folder,
+                              lambda r: progress.update(task, completed=r.step + 1))
 
-    return finetuned
+    def probe(self, arch) -> dict[str, float]:
+        """Each start's probe's accuracy on the validation subset; empty when there is one start."""
+        from autotailor.tune.evaluate import accuracy
+
+        starts = self.starts(arch)
+        size = self.sn.input_shape(arch)[-1]
+        return {name: accuracy(self.train(name, arch, probe=True), self.data.val, size)
+                for name in (starts if len(starts) > 1 else ())}
+
+    @staticmethod
+    def preferred(probe: dict[str, float]) -> str:
+        """The start the probe prefers: the more accurate, the shared weights (the first) on a tie."""
+        return max(probe, key=probe.__getitem__, default=SHARED_WEIGHTS)
+
+    def __call__(self, arch) -> FineTuned:
+        from autotailor.pipeline.deployment import FineTuned
+
+        probe = self.probe(arch)
+        start = self.preferred(probe)
+        return FineTuned(self.train(start, arch), start, probe)
 
 
 # -- bundle ------------------------------------------------------------------------------------------

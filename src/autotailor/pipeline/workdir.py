@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from autotailor.errors import AutoTailorError, WorkdirError
+from autotailor.supernet import Arch
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,19 @@ def load_original(work: str | Path):
 
     path = Path(work) / ORIGINAL
     return at.load(path) if path.is_file() else None
+
+
+def is_original_model(original, arch: Arch) -> bool:
+    """Whether ``arch`` of ``original`` (``load_original``) is its largest SubNet: the user's model."""
+    space = original.space
+    return space.key(space.complete(arch)) == space.key(space.max())
+
+
+def original_calibration(original, arch: Arch, calibration: list | None) -> list | None:
+    """The batches a SubNet of ``original`` (``load_original``) is recalibrated on before it is
+    measured or exported: none for the user's model, which keeps its own BatchNorm statistics;
+    ``calibration`` for a smaller one, whose statistics are no longer the model's."""
+    return None if is_original_model(original, arch) else calibration
 
 
 @dataclass(frozen=True)

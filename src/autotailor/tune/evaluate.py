@@ -52,6 +52,15 @@ def recalibrated(sn: SuperNet, arch: Arch, batches: Iterable[tuple[torch.Tensor,
             sn.train(was_training)
 
 
+def extracted(sn: SuperNet, arch: Arch, calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None) -> nn.Module:
+    """``arch`` as a standalone module in eval mode (``SuperNet.extract``), with BatchNorm
+    statistics recalibrated on ``calibration`` batches first, or as they are without them."""
+    if calibration is None:
+        return sn.extract(arch).eval()
+    with recalibrated(sn, arch, calibration):
+        return sn.extract(arch).eval()
+
+
 def accuracy(net: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], resolution: int) -> float:
     """Top-1 accuracy of ``net`` (in its current mode) on ``batches``, resized to ``resolution``."""
     correct = total = 0

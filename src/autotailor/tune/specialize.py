@@ -3,12 +3,14 @@
 Every weight of a SuperNet serves many SubNets, so a SubNet of the shared weights is a
 compromise, and mid-sized ones lose the most (docs/tune.md). Once the search has chosen what
 to deploy, each chosen SubNet can be trained alone, its weights no longer shared, with the
-SuperNet's largest SubNet as a frozen teacher: each step's loss is the mean of the labels'
-and the teacher's. The architecture stays, and so does the latency; only the accuracy changes.
+given SuperNet's largest SubNet as a frozen teacher: each step's loss is the mean of the
+labels' and the teacher's. The SuperNet given may be the tuned one or the one with the user's
+model's weights (the export tries both). The architecture stays, and so does the latency; only
+the accuracy changes.
 
-The result is kept as ``FOLDER/DIGEST.pt``. The digest covers the SuperNet's weights, the
-SubNet and the settings, so a SubNet chosen for several budgets, or exported again, is trained
-once. An interrupted run resumes from ``FOLDER/DIGEST.ckpt``.
+The result is kept as ``FOLDER/DIGEST.pt``. The digest covers the SuperNet's weights (and so
+the teacher), the SubNet and the settings, so a SubNet chosen for several budgets, or exported
+again, is trained once. An interrupted run resumes from ``FOLDER/DIGEST.ckpt``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch.nn as nn
 from autotailor.data.loader import BatchLoader
 from autotailor.files import atomic_write
 from autotailor.supernet import Arch, SuperNet
-from autotailor.tune.evaluate import recalibrated
+from autotailor.tune.evaluate import extracted, recalibrated
 from autotailor.tune.tuner import StepResult, TuneConfig, Tuner
 
 log = logging.getLogger(__name__)
@@ -72,8 +74,7 @@ def specialize(sn: SuperNet, arch: Arch, loader: BatchLoader, config: TuneConfig
     if tuner.resume():
         log.info("resuming the fine-tuning of %s at step %d", kept.stem, tuner.step)
     tuner.run(on_step)
-    with recalibrated(own, arch, calibration):
-        net = own.extract(arch).eval()
+    net = extracted(own, arch, calibration)
     with atomic_write(kept) as tmp:
         torch.save({"arch": arch, "config": dataclasses.asdict(config), "state_dict": net.state_dict(),
                     **tuner.cpu.as_state()}, tmp)
