@@ -19,10 +19,11 @@ instead, and keeps every artifact under those names):
   sample, as ``search --finalists`` now decides with ``WORK/original.pt``
   (``original_weights_points``: applied to the committed searches' choices). Then, as ``autotailor
   export --finetune-steps`` deploys them, each chosen SubNet fine-tuned alone for
-  ``ALONE_STEPS`` batches with the largest SubNet as teacher, and kept unless the shared
-  weights' SubNet is more accurate on the validation sample (``alone_points``, ``alone_front``;
-  ``--methods`` without ``alone`` skips it). That training comes on top of the tuning's
-  image-steps, and the costs count it.
+  ``ALONE_STEPS`` batches from the shared weights (the largest SubNet as teacher) or the base's
+  (the base as teacher), whichever an eighth as long a fine-tuning of each (the probe) makes
+  more accurate on the validation sample, and kept unless the SubNet as chosen is more accurate
+  there (``alone_points``, ``alone_front``; ``--methods`` without ``alone`` skips it). That
+  training and its probes come on top of the tuning's image-steps, and the costs count them.
 - **NestDNN***: as the paper approximates NestDNN (its code is not public), the trained base
   model pruned with Torch-Pruning (L1 magnitude, one ratio for every layer, the classifier
   kept, each layer's kept channels rounded down to a multiple of ``ROUND_TO``) at each of
@@ -32,8 +33,9 @@ instead, and keeps every artifact under those names):
   (``NESTDNN_STEPS`` a cycle); their weights are kept in ``benchmarks/artifacts/``. Against the
   fine-tuned front, NestDNN* at the same cost too (``EQUAL_COSTS``, ``longer_nestdnn_points``),
   counted two ways: each ratio trained ``fair_steps`` batches more (a fifth of all the chosen
-  SubNets' fine-tuning), or ``each_steps`` at the SubNets' learning rate (one SubNet's
-  fine-tuning: five NestDNN* models against five fine-tuned SubNets, one a comparison).
+  SubNets' fine-tuning, probes included), or ``each_steps`` at the SubNets' learning rate (one
+  SubNet's fine-tuning and probes: five NestDNN* models against five fine-tuned SubNets, one a
+  comparison).
 - **AdaptiveNet-style** (``adaptivenet.py``): the base model's residual blocks with shrunk,
   merged and skipped variants, the new blocks trained for as many image-steps (``ADAPTIVENET_STEPS``
   batches of one path each a cycle; half branch-wise
@@ -520,21 +522,38 @@ def nestdnn_points(state: State, model: str, data: str, work: Path, steps: int) 
         print(f"{model} NestDNN* {key}: {100 * accuracy:.2f} % at {macs / 1e6:.1f} M MACs", flush=True)
 
 
+def _subnet_steps(state: State, model: str) -> int:
+    """The batches ``export --finetune-steps ALONE_STEPS`` trains one chosen SubNet for: its
+    fine-tuning and, once the model's SubNets are probed (``alone_points`` since the probe; the
+    10-epoch models' were fine-tuned before it), the probe of each start (the benchmark keeps the
+    base's weights, so both are probed)."""
+    from autotailor.pipeline.steps import PROBE_SHARE
+
+    return ALONE_STEPS + (2 * max(1, ALONE_STEPS // PROBE_SHARE) if _probed(state, model) else 0)
+
+
+def _probed(state: State, model: str) -> bool:
+    """Whether ``model``'s chosen SubNets are fine-tuned with the probes (``alone_points``)."""
+    return any("start" in p for p in _alone(state, model).values())
+
+
 def fair_steps(state: State, model: str) -> int:
     """The batches each NestDNN* ratio trains on top of its cycles so that NestDNN* in all gets as
-    many image-steps as AutoTailor with its chosen SubNets fine-tuned alone, ``ALONE_STEPS`` each
+    many image-steps as AutoTailor with its chosen SubNets fine-tuned alone, ``_subnet_steps`` each
     architecture (0 before the search chose them). Counted from the choice, not from the SubNets
-    trained so far, so that NestDNN*'s training can run beside theirs."""
+    trained so far, so that NestDNN*'s training can run beside theirs. A choice that is the base
+    model itself, which the export does not fine-tune, would count too, in NestDNN*'s favour (none
+    of the committed searches chose it)."""
     chosen = {json.dumps(p["arch"], sort_keys=True) for p in (state.get(model, "autotailor") or {}).values()}
-    image_steps = len(chosen) * ALONE_STEPS * tuning_schedules.BATCH
+    image_steps = len(chosen) * _subnet_steps(state, model) * tuning_schedules.BATCH
     return -(-image_steps // (train_base.BATCH * len(RATIOS)))
 
 
 def each_steps(state: State, model: str) -> int:
     """The batches each NestDNN* ratio trains on top of its cycles so that NestDNN*'s five models
-    cost what five of AutoTailor's fine-tuned SubNets do: one SubNet's ``ALONE_STEPS`` (0 before
+    cost what five of AutoTailor's fine-tuned SubNets do: one SubNet's ``_subnet_steps`` (0 before
     the search chose any)."""
-    return ALONE_STEPS if state.get(model, "autotailor") else 0
+    return _subnet_steps(state, model) if state.get(model, "autotailor") else 0
 
 
 @dataclass(frozen=True)
@@ -1140,7 +1159,8 @@ def report(state: State) -> None:
                 summary[model][longer] = {**_means(fair_rows), "rows": fair_rows, "extra_steps": extra}
                 lines += [f"{rule.label}: NestDNN* trained {extra:,} batches more a ratio (a warm restart of its "
                           f"recipe at peak learning rate {rule.lr:g} from the last cycle's weights), "
-                          f"{rule.explanation}. Where that lost test accuracy, the weights before are kept (a choice "
+                          f"{rule.explanation}{' (the probes counted)' if _probed(state, model) else ''}. "
+                          "Where that lost test accuracy, the weights before are kept (a choice "
                           "on the test images, in the baseline's favour).", "",
                           "| NestDNN* ratio | latency | trained longer | kept | AutoTailor with --finetune-steps at "
                           "equal latency | at equal accuracy |", "|---|---|---|---|---|---|"]
