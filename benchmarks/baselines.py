@@ -527,9 +527,9 @@ def _subnet_steps(state: State, model: str) -> int:
     fine-tuning and, once the model's SubNets are probed (``alone_points`` since the probe; the
     10-epoch models' were fine-tuned before it), the probe of each start (the benchmark keeps the
     base's weights, so both are probed)."""
-    from autotailor.pipeline.steps import PROBE_SHARE
+    from autotailor.pipeline.steps import probe_steps
 
-    return ALONE_STEPS + (2 * max(1, ALONE_STEPS // PROBE_SHARE) if _probed(state, model) else 0)
+    return ALONE_STEPS + (2 * probe_steps(ALONE_STEPS) if _probed(state, model) else 0)
 
 
 def _probed(state: State, model: str) -> bool:

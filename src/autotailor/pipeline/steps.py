@@ -399,6 +399,11 @@ _WEIGHTS_SAID = {SHARED_WEIGHTS: "shared weights", ORIGINAL_WEIGHTS: "original m
 PROBE_SHARE = 8  # a probe is a fine-tuning of 1/8 of the steps, its learning rate decayed over them
 
 
+def probe_steps(steps: int) -> int:
+    """The steps of each probe before a fine-tuning of ``steps`` (``FineTuner``)."""
+    return max(1, steps // PROBE_SHARE)
+
+
 class FineTuner:
     """Chosen SubNets fine-tuned alone (``export.finetune_steps``; ``tune.specialize``) on the
     training split of ``data`` (an ``EvalData``), kept in ``folder``: from the shared weights,
@@ -415,7 +420,7 @@ class FineTuner:
 
         self.sn, self.original, self.folder, self.data, self.quiet, self.say = sn, original, Path(folder), data, quiet, say
         self.config = specialize_config(steps, lr)
-        self.probe_config = specialize_config(max(1, steps // PROBE_SHARE), lr)
+        self.probe_config = specialize_config(probe_steps(steps), lr)
         self.loader = BatchLoader(load_data(data.spec, seed=self.config.seed)[0], 64, train=True,
                                   resolution=sn.example_shape[-1], seed=self.config.seed)
 
