@@ -100,7 +100,7 @@ import cifar_models  # noqa: E402
 import legodnn  # noqa: E402
 import train_base  # noqa: E402
 import tuning_schedules  # noqa: E402
-from common import (State, atomic_torch_save, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
+from common import (State, atomic_torch_save, claimed, default_cifar10, fp16_state, fp32_state, head_commit,  # noqa: E402
                     machine, record_cost, recorded_cost, save_figure, write_results)
 
 # a model's name, or a train_base.py run's (``--models resnet18_e60``: the same architecture trained
@@ -361,42 +361,44 @@ def alone_points(state: State, model: str, data: str, work: Path, multiple: int 
     batches, _ = _test_batches(data)
     # the smallest first (each quicker to train), or the largest: a second process meets the first
     for key, point in sorted(points.items(), key=lambda kv: kv[1]["macs"], reverse=largest_first):
-        state.reload()  # what the other process finished meanwhile
-        if measured(key, point):
-            continue
         arch = sn.space.complete(point["arch"])
         if point.get("weights") == "original" and is_original_model(original, arch):
             continue  # the user's model itself: not fine-tuned
-        started, cpu = time.perf_counter(), time.process_time()
-        for start in tuner.starts(arch):
-            _from_artifact(model, tuner.path(start, arch))
-        probe = tuner.probe(arch)
-        start = tuner.preferred(probe)
-        done = state.get(model, "alone", key) or {}
-        earlier = (start == SHARED_WEIGHTS and done.get("arch") == point["arch"] and "validation" in done
-                   and (done.get("steps"), done.get("lr")) == (ALONE_STEPS, ALONE_LR))
-        if not earlier:
-            net = tuner.train(start, arch)
-            path = tuner.path(start, arch)
-            if time.process_time() - cpu > KEEP_CPU_SECONDS:
-                _to_artifact(model, path)
-            size = sn.input_shape(arch)[-1]
-            wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
-            timed = CpuTime.of(torch.load(path, map_location="cpu"))  # over every run of the fine-tuning
-            done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
-                    "wrong": wrong, "steps": ALONE_STEPS, "lr": ALONE_LR,
-                    "train_cpu_seconds": timed.seconds, "train_cpu_steps": timed.steps,
-                    "train_seconds": time.perf_counter() - started,
-                    "validation": {"alone": accuracy(net, val.val, size)}}
-        probes = [CpuTime.of(torch.load(tuner.path(s, arch, probe=True), map_location="cpu")) for s in probe]
-        chosen = point["original_validation"]["original" if point.get("weights") == "original" else "shared"]
-        done.update(start=start, probe=probe, probe_steps=len(probes) * tuner.probe_config.steps,
-                    probe_cpu_seconds=sum(t.seconds for t in probes), probe_cpu_steps=sum(t.steps for t in probes),
-                    validation={"alone": done["validation"]["alone"], "unfinetuned": chosen})
-        state.put(done, model, "alone", key)
-        print(f"{model} AutoTailor {key}, fine-tuned alone from the {start} weights: {100 * done['accuracy']:.2f} % "
-              f"(as chosen {100 * point['accuracy']:.2f} %; probe "
-              + ", ".join(f"{k} {100 * v:.2f} %" for k, v in probe.items()) + ")", flush=True)
+        # a SubNet the other process is fine-tuning is left to it (when the two meet, both would train it)
+        with claimed(tuner.path(SHARED_WEIGHTS, arch).with_suffix(".lock")) as mine:
+            state.reload()  # what the other process finished meanwhile
+            if not mine or measured(key, point):
+                continue
+            started, cpu = time.perf_counter(), time.process_time()
+            for start in tuner.starts(arch):
+                _from_artifact(model, tuner.path(start, arch))
+            probe = tuner.probe(arch)
+            start = tuner.preferred(probe)
+            done = state.get(model, "alone", key) or {}
+            earlier = (start == SHARED_WEIGHTS and done.get("arch") == point["arch"] and "validation" in done
+                       and (done.get("steps"), done.get("lr")) == (ALONE_STEPS, ALONE_LR))
+            if not earlier:
+                net = tuner.train(start, arch)
+                path = tuner.path(start, arch)
+                if time.process_time() - cpu > KEEP_CPU_SECONDS:
+                    _to_artifact(model, path)
+                size = sn.input_shape(arch)[-1]
+                wrong = _wrong(lambda x: net(at_resolution(x, size)), batches)
+                timed = CpuTime.of(torch.load(path, map_location="cpu"))  # over every run of the fine-tuning
+                done = {"arch": point["arch"], "macs": point["macs"], "accuracy": 1 - float(_unpacked(wrong).mean()),
+                        "wrong": wrong, "steps": ALONE_STEPS, "lr": ALONE_LR,
+                        "train_cpu_seconds": timed.seconds, "train_cpu_steps": timed.steps,
+                        "train_seconds": time.perf_counter() - started,
+                        "validation": {"alone": accuracy(net, val.val, size)}}
+            probes = [CpuTime.of(torch.load(tuner.path(s, arch, probe=True), map_location="cpu")) for s in probe]
+            chosen = point["original_validation"]["original" if point.get("weights") == "original" else "shared"]
+            done.update(start=start, probe=probe, probe_steps=len(probes) * tuner.probe_config.steps,
+                        probe_cpu_seconds=sum(t.seconds for t in probes), probe_cpu_steps=sum(t.steps for t in probes),
+                        validation={"alone": done["validation"]["alone"], "unfinetuned": chosen})
+            state.put(done, model, "alone", key)
+            print(f"{model} AutoTailor {key}, fine-tuned alone from the {start} weights: {100 * done['accuracy']:.2f} % "
+                  f"(as chosen {100 * point['accuracy']:.2f} %; probe "
+                  + ", ".join(f"{k} {100 * v:.2f} %" for k, v in probe.items()) + ")", flush=True)
 
 
 # a SubNet fine-tuned alone for longer than this is kept in benchmarks/artifacts (fp16), as every

@@ -7,9 +7,10 @@ import json
 import os
 import platform
 import subprocess
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -83,6 +84,20 @@ class State:
         from autotailor.files import write_text
 
         write_text(self.path, json.dumps(self.data, indent=1))
+
+
+@contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """For the block, an exclusive claim on the lock file ``path`` if no other process holds one:
+    True when this process has it, False otherwise, so that two drivers split the work items
+    instead of both doing the same one."""
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
 
 
 def resumed_state(work: str | Path, name: str, seed: Callable[[dict], dict] = lambda results: results["raw"]) -> State:

@@ -89,6 +89,8 @@ def test_run_resumes_at_the_failed_step_and_writes_everything(run_dir, capsys) -
     assert len(search.choices) == 3 and search.axis == "latency_ms"
     for c in search.choices:
         assert c.metrics["latency_ms"] <= c.limits["latency_ms"] and c.accuracy <= 1
+    space = at.load(run_dir).space  # recorded canonical: one network is one SubNet to count and export
+    assert [c.arch for c in search.choices] == [space.canonical(c.arch) for c in search.choices]
     exports = ExportsRecord.read(run_dir).exports
     assert [e.name for e in exports] == [search.choices[1].budget]
     e = exports[0]

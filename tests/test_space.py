@@ -64,14 +64,16 @@ def test_size_counts_exactly_the_distinct_subnets() -> None:
     variables = sn.space.variables
     kinds = sorted({v.kind for v in variables})
     assert kinds == ["depth", "resolution", "width"]
-    seen, canonical = set(), {}
+    seen, canonical, keys = set(), {}, {}
     for values in itertools.product(*(v.choices for v in variables)):
         arch = dict(zip((v.name for v in variables), values))
         signature = _signature(sn.extract(arch), arch["resolution"])
         seen.add(signature)
-        # archs with one canonical form are one network, and there are as many forms as networks
+        # archs with one canonical form are one network, and there are as many forms as networks;
+        # so with one key (what caches and the search's records key on)
         assert canonical.setdefault(json.dumps(sn.space.canonical(arch), sort_keys=True), signature) == signature
-    assert sn.space.size == len(seen) == len(canonical)
+        assert keys.setdefault(sn.space.key(arch), signature) == signature
+    assert sn.space.size == len(seen) == len(canonical) == len(keys)
     product = 1
     for v in variables:
         product *= len(v.choices)

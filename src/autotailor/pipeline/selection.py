@@ -113,14 +113,20 @@ def _measured_first(space, measured: dict[str, float],
     measurement, any other the prediction. A verified SubNet that measured over its budget is
     then no longer chosen on the refitted model's word, which is still a few percent off for
     some SubNets."""
-    from autotailor.predict.latency import subnet_arch
-
-    known = {space.key(subnet_arch(key)): ms for key, ms in measured.items()}
+    known = _by_network(space, measured)
 
     def latency(arch: Arch) -> float:
         ms = known.get(space.key(arch))
         return predict(arch) if ms is None else ms
     return latency
+
+
+def _by_network(space, measured: dict[str, float]) -> dict[tuple, float]:
+    """Whole-SubNet timings (``subnet_key`` -> ms) keyed by ``space.key``: an arch finds the
+    timing of the same network timed under other choices for the blocks it drops."""
+    from autotailor.predict.latency import subnet_arch
+
+    return {space.key(subnet_arch(key)): ms for key, ms in measured.items()}
 
 
 def span_budgets(objectives: Objectives, metric: str, count: int) -> list[Budget]:
@@ -160,13 +166,14 @@ def zip_budgets(limits: dict[str, Sequence[float]]) -> list[Budget]:
 
 
 def _chosen(choice: Choice, space, measured: dict[str, float] | None, finalists: Finalists | None) -> Chosen:
-    from autotailor.predict.latency import subnet_key
-
+    """The record of ``choice``, its arch canonical: budgets that chose one network under
+    different choices for the blocks it drops are one SubNet to count, fine-tune and export."""
     known = choice.arch is not None
-    return Chosen(choice.budget.name, choice.budget.as_dict(), choice.arch, choice.accuracy, choice.metrics,
+    arch = space.canonical(choice.arch) if known else None
+    return Chosen(choice.budget.name, choice.budget.as_dict(), arch, choice.accuracy, choice.metrics,
                   round(choice.seconds, 4),
-                  measured_accuracy=finalists.accuracy(choice.arch) if finalists is not None and known else None,
-                  measured_latency_ms=measured.get(subnet_key(space.complete(choice.arch)))
+                  measured_accuracy=finalists.accuracy(arch) if finalists is not None and known else None,
+                  measured_latency_ms=_by_network(space, measured).get(space.key(arch))
                   if measured is not None and known else None)
 
 
@@ -176,8 +183,6 @@ def _with_original_weights(chosen: Chosen, budget: Budget, objectives: Objective
     itself (their largest SubNet, if it meets the budget), whichever measured most accurate on
     the finalists' images (``Finalists.original_accuracy``); the shared weights win a tie. An
     original-weights choice's accuracy is its measurement: nothing predicts it."""
-    from autotailor.predict.latency import subnet_key
-
     if chosen.arch is None:
         return chosen
     finalists.measure([chosen.arch])
@@ -195,7 +200,8 @@ def _with_original_weights(chosen: Chosen, budget: Budget, objectives: Objective
     return dataclasses.replace(
         chosen, arch=arch, accuracy=best, metrics={m: objectives.metric(m, arch) for m in objectives.metrics},
         measured_accuracy=best, weights=ORIGINAL_WEIGHTS,
-        measured_latency_ms=measured.get(subnet_key(arch)) if measured is not None else None)
+        measured_latency_ms=_by_network(objectives.space, measured).get(objectives.space.key(arch))
+        if measured is not None else None)
 
 
 def run_search(sn, work: str | Path, device: DeviceSetup | None, settings: SearchSettings,

@@ -37,6 +37,8 @@ class Space:
         if len(self._by_name) != len(self.variables):
             dup = sorted({v.name for v in self.variables if sum(w.name == v.name for w in self.variables) > 1})
             raise ArchError(f"duplicate variable names {dup}: every variable of a space needs its own name")
+        # what ``dropped_blocks`` reads on every ``key``: the depth variables and their stages' blocks
+        self._depths = [(v, self.stages[v.stage].droppable) for v in self.variables if kind(v.kind).drops_blocks]
 
     def __getitem__(self, name: str) -> Variable:
         if name not in self._by_name:
@@ -116,26 +118,26 @@ class Space:
         return full
 
     def key(self, arch: Arch) -> tuple:
-        """A hashable key of a complete ``arch``: its choices in variable order (what caches key on)."""
-        return tuple(arch[v.name] for v in self.variables)
+        """A hashable key of a complete ``arch`` (what caches key on): its choices in variable
+        order, those of the blocks it drops at their largest, so that archs that are one network
+        share a key."""
+        dropped = self.dropped_blocks(arch)
+        return tuple(v.largest if v.block in dropped else arch[v.name] for v in self.variables)
 
     def dropped_blocks(self, arch: Arch) -> set[int]:
         """The droppable blocks ``arch`` leaves out (a stage's depth choice -d drops its last d
         layers: ``Variable.value`` blocks)."""
         out: set[int] = set()
-        for v in self.variables:
-            d = v.value(arch.get(v.name, 0)) if kind(v.kind).drops_blocks else 0
+        for v, droppable in self._depths:
+            d = v.value(arch.get(v.name, 0))
             if d:
-                droppable = self.stages[v.stage].droppable
                 out.update(droppable[len(droppable) + d:])
         return out
 
     def canonical(self, arch: Arch) -> Arch:
         """``arch`` completed, with the variables of the blocks it drops at their largest choice:
         two archs that differ only there are the same SubNet and have the same canonical form."""
-        full = self.complete(arch)
-        dropped = self.dropped_blocks(full)
-        return {v.name: v.largest if v.block in dropped else full[v.name] for v in self.variables}
+        return dict(zip((v.name for v in self.variables), self.key(self.complete(arch))))
 
     def describe(self) -> list[dict[str, Any]]:
         return [
