@@ -110,6 +110,14 @@ def test_save_and_load_roundtrip(tmp_path) -> None:
     sn2.set_arch(arch)
     assert torch.equal(sn(x), sn2(x))
     assert sn2.space.size == sn.space.size
+    # a file saved before the space cached its depth variables (the attribute absent) keys alike
+    short = {**arch, **{v.name: v.choices[0] for v in sn.space.variables if v.kind == "depth"}}
+    key = sn.space.key(sn.space.complete(short))
+    vars(sn.space).pop("_depths")
+    sn.save(tmp_path / "old.pt")
+    old = at.load(tmp_path / "old.pt").space
+    assert "_depths" not in vars(old)
+    assert old.key(old.complete(short)) == key != old.key(old.max())
     with pytest.raises(at.AutoTailorError, match="no SuperNet file"):
         at.load(tmp_path / "missing.pt")
 

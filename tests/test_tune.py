@@ -203,6 +203,10 @@ def test_a_chosen_subnet_fine_tuned_alone_gains_accuracy_is_kept_and_leaves_the_
     assert torch.equal(again(x), net(x))
     assert specialized_path(sn, arch, specialize_config(61, 0.05), tmp_path) != kept
     assert specialized_path(sn, sn.space.max(), config, tmp_path) != kept
+    # one network, one file: archs that differ only in a block they drop share it
+    short = {**arch, "stage0.reduce_depth": -1}
+    assert specialized_path(sn, {**short, "block2.expand_ratio": 1.0}, config, tmp_path) == \
+        specialized_path(sn, short, config, tmp_path) != kept
 
 
 def test_an_interrupted_fine_tuning_resumes_to_the_same_weights(digits, tmp_path) -> None:

@@ -7,6 +7,7 @@ Variables missing from an arch take their largest choice.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -37,8 +38,12 @@ class Space:
         if len(self._by_name) != len(self.variables):
             dup = sorted({v.name for v in self.variables if sum(w.name == v.name for w in self.variables) > 1})
             raise ArchError(f"duplicate variable names {dup}: every variable of a space needs its own name")
-        # what ``dropped_blocks`` reads on every ``key``: the depth variables and their stages' blocks
-        self._depths = [(v, self.stages[v.stage].droppable) for v in self.variables if kind(v.kind).drops_blocks]
+
+    @functools.cached_property
+    def _depths(self) -> list[tuple[Variable, tuple[int, ...]]]:
+        """What ``dropped_blocks`` reads on every ``key``: the depth variables and their stages'
+        blocks (computed on first use, so that a Space pickled without it loads too)."""
+        return [(v, self.stages[v.stage].droppable) for v in self.variables if kind(v.kind).drops_blocks]
 
     def __getitem__(self, name: str) -> Variable:
         if name not in self._by_name:

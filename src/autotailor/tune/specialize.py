@@ -46,12 +46,13 @@ def specialize_config(steps: int, lr: float, seed: int = 0) -> TuneConfig:
 
 
 def specialized_path(sn: SuperNet, arch: Arch, config: TuneConfig, folder: str | Path) -> Path:
-    """Where ``specialize`` keeps ``arch`` fine-tuned with ``config`` from ``sn``'s weights."""
+    """Where ``specialize`` keeps ``arch`` fine-tuned with ``config`` from ``sn``'s weights (one
+    file per network: archs that differ only in the blocks they drop share it)."""
     digest = hashlib.sha256()
     for name, tensor in sn.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    digest.update(json.dumps([sn.space.complete(arch), dataclasses.asdict(config)], sort_keys=True).encode())
+    digest.update(json.dumps([sn.space.canonical(arch), dataclasses.asdict(config)], sort_keys=True).encode())
     return Path(folder) / f"{digest.hexdigest()[:16]}.pt"
 
 
