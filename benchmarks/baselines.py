@@ -1074,6 +1074,9 @@ def _timing_noise(state: State, model: str) -> str:
               for p in (state.get(model, method) or {}).values() if p.get("latency_ms") and "raw_latency_ms" in p]
     if not ratios:
         return ""
+    if all(r == 1 for r in ratios):  # ``at_speed`` had no profile reading to scale by
+        return ("These one-pass timings are raw: the work directory's profile held no reference readings to bring "
+                "them to; `baselines_paired.md` times every point in alternated rounds.")
     low, mid, high = np.percentile(ratios, [10, 50, 90])
     return (f"The reference kernel read {100 * (mid - 1):+.0f} % against the profile's median over the timings, "
             f"10-90 % of its readings {100 * (low / mid - 1):+.0f} % to {100 * (high / mid - 1):+.0f} % around that: "
