@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from autotailor.ir.ops.attention import linear_norm
+from autotailor.ir.ops.attention_pattern import linear_norm
 
 
 def fold_linear_norms(net: nn.Module) -> nn.Module:

@@ -21,7 +21,9 @@ import torch.nn as nn
 
 from autotailor.compiler.variables import Binding, PlanContext, RatioKind, Variable, register_kind
 from autotailor.ir.handlers import for_module
-from autotailor.ir.ops.attention import DynHeadBatchNorm1d, DynHeadProjection, HeadAttention, linear_norm
+from autotailor.ir.ops.attention import HeadAttention
+from autotailor.ir.ops.attention_pattern import linear_norm
+from autotailor.ir.ops.head_projections import DynHeadBatchNorm1d, DynHeadProjection
 
 log = logging.getLogger(__name__)
 

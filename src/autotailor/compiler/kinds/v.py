@@ -17,7 +17,9 @@ import torch.fx as fx
 
 from autotailor.compiler.kinds.heads import AttentionKind, lift_projections, projection_fixed, projections
 from autotailor.compiler.variables import Binding, PlanContext, register_kind
-from autotailor.ir.ops.attention import DynHeadInput, HeadAttention, output_projection
+from autotailor.ir.ops.attention import HeadAttention
+from autotailor.ir.ops.attention_pattern import output_projection
+from autotailor.ir.ops.head_projections import DynHeadInput
 
 
 @register_kind

@@ -32,8 +32,9 @@ from autotailor.frontends import without_fixed_inputs
 from autotailor.ir.graph import bind, free_name, node_shape, rewrite_checked
 from autotailor.ir.graph import calls as _is
 from autotailor.ir.handlers import Member, Shape, Track, register, register_rewrite
-from autotailor.ir.ops.attention import (HeadAttention, HeadAttentionHandler, HeadsSpec, last_axis_chunk3,
-                                         last_axis_span, read_inside, slice_thirds, value_readers)
+from autotailor.ir.ops.attention import HeadAttention, HeadAttentionHandler, HeadsSpec
+from autotailor.ir.ops.attention_pattern import (last_axis_chunk3, last_axis_span, read_inside, slice_thirds,
+                                                 value_readers)
 from autotailor.ir.operators import Operator
 
 log = logging.getLogger(__name__)

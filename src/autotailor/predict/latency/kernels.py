@@ -324,7 +324,7 @@ def _group(nodes: list[Node], rules: FusionRules, granularity: str) -> list[list
 def _linear_norms(nodes: list[Node], consumers: dict[str, list[str]]) -> dict[str, list[Node]]:
     """LeViT's Linear + BatchNorm over tokens (``linear_norm``), which ``fold_linear_norms``
     makes one Linear at export: the Linear's node name -> its flatten, BatchNorm and reshape."""
-    from autotailor.ir.ops.attention import linear_norm
+    from autotailor.ir.ops.attention_pattern import linear_norm
 
     by_fx = {(id(n.owner), n.fx_node): n for n in nodes if n.fx_node is not None}
     units = {}
